@@ -1,0 +1,3 @@
+"""draftsmith: train, export and evaluate speculative-decoding drafters for frozen LLM targets."""
+
+__version__ = "0.1.0"

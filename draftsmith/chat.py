@@ -1,0 +1,60 @@
+"""Plain (non-speculative) chat generation with a loaded target: the smoke test of a target."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.target import Target
+
+
+@dataclass
+class Reply:
+    """A generated reply and how fast it came."""
+
+    text: str
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def chat_input_ids(tokenizer, prompt: str, system: str | None = None) -> torch.Tensor:
+    """Render one user turn with the tokenizer's chat template, ready for generation. (1, T)
+
+    Raises:
+        DraftsmithError: the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise DraftsmithError(
+            "the target's tokenizer has no chat template; use an instruct/chat model"
+        )
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+
+@torch.inference_mode()
+def generate_reply(target: Target, prompt: str, max_new_tokens: int = 64) -> Reply:
+    """Greedy plain decoding of one chat turn with Hugging Face `generate`."""
+    device = next(target.model.parameters()).device
+    input_ids = chat_input_ids(target.tokenizer, prompt).to(device)
+    start = time.perf_counter()
+    output = target.model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=target.eos_token_ids,
+        pad_token_id=target.eos_token_ids[0],
+    )
+    seconds = time.perf_counter() - start
+    new = output[0, input_ids.shape[1]:]
+    text = target.tokenizer.decode(new, skip_special_tokens=True)
+    return Reply(text=text, new_tokens=int(new.numel()), seconds=seconds)

@@ -1,0 +1,110 @@
+"""The `draftsmith` command line: verbs parsed here, work done by plain functions elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftsmith.errors import DraftsmithError
+
+NOT_YET = {
+    "data": ("prepare conversations, regenerate responses, cache hidden states", 3),
+    "train": ("train a drafter from a recipe", 7),
+    "eval": ("speculative decoding evaluation against baselines", 4),
+    "export": ("export a checkpoint for vLLM / SGLang / reference code", 5),
+    "push": ("push an exported drafter to the Hugging Face Hub", 5),
+    "bench": ("train and evaluate every drafter kind on real targets", 6),
+}
+
+
+def _add_target_args(parser: argparse.ArgumentParser) -> None:
+    from draftsmith.offline_models import DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="offline model name, local folder, .gguf file or Hub id "
+                        f"(default: {DEFAULT_TARGET})")
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run model code from the Hub repo (off by default)")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from draftsmith import offline_models
+
+    if args.action == "list":
+        for name, model in offline_models.CATALOG.items():
+            state = "fetched" if offline_models.is_fetched(name) else "not fetched"
+            print(f"{name:32s} {model.hub_id:40s} {model.size / 2**20:8.0f} MiB GGUF  {state}")
+        return 0
+    if not args.names:
+        raise DraftsmithError(f"`draftsmith models {args.action}` needs at least one model name")
+    for name in args.names:
+        if args.action == "fetch":
+            path = offline_models.fetch(name, force=args.force,
+                                        log=lambda m: print(m, file=sys.stderr))
+        else:
+            offline_models.get_offline_model(name)
+            if not offline_models.is_fetched(name):
+                raise DraftsmithError(f"{name} is not fetched; run `draftsmith models fetch {name}`")
+            path = offline_models.model_dir(name)
+        print(path)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from draftsmith.chat import generate_reply
+    from draftsmith.target import load_target
+
+    target = load_target(args.target, dtype=args.dtype, device=args.device,
+                         trust_remote_code=args.trust_remote_code)
+    reply = generate_reply(target, args.prompt, max_new_tokens=args.max_new_tokens)
+    print(reply.text)
+    print(f"[{reply.new_tokens} tokens in {reply.seconds:.2f} s, "
+          f"{reply.tokens_per_second:.1f} tokens/s, {args.target}, {args.dtype}]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Train, export and evaluate speculative-decoding drafters.",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    models = verbs.add_parser("models", help="list, fetch or locate the offline real models")
+    models.add_argument("action", choices=["list", "fetch", "path"])
+    models.add_argument("names", nargs="*", help="offline model names (see `models list`)")
+    models.add_argument("--force", action="store_true", help="redo install, assembly and conversion")
+    models.set_defaults(func=cmd_models)
+
+    generate = verbs.add_parser("generate", help="plain greedy chat generation with a target")
+    _add_target_args(generate)
+    generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
+    generate.add_argument("--max-new-tokens", type=int, default=64)
+    generate.set_defaults(func=cmd_generate)
+
+    for verb, (summary, issue) in NOT_YET.items():
+        sub = verbs.add_parser(verb, help=f"{summary} (not implemented yet)")
+        sub.set_defaults(func=_not_yet(verb, issue))
+    return parser
+
+
+def _not_yet(verb: str, issue: int):
+    def run(args: argparse.Namespace) -> int:
+        raise DraftsmithError(f"`draftsmith {verb}` is not implemented yet (tracked in issue #{issue})")
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DraftsmithError as err:
+        print(f"draftsmith: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Speculative decoding: trees, verification, the decoding loop, metrics and benchmarks."""

@@ -1,0 +1,1 @@
+"""The accelerate training loop, checkpoints and resume, logging."""

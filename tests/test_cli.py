@@ -1,0 +1,26 @@
+"""The command line: every verb listed, clear errors for verbs that have not landed yet."""
+
+import subprocess
+import sys
+
+from draftsmith.cli import main
+
+VERBS = ("models", "generate", "data", "train", "eval", "export", "push", "bench")
+
+
+def test_help_lists_every_verb():
+    result = subprocess.run([sys.executable, "-m", "draftsmith", "--help"],
+                            capture_output=True, text=True, check=True)
+    for verb in VERBS:
+        assert verb in result.stdout
+
+
+def test_models_list_names_the_catalog(capsys):
+    assert main(["models", "list"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out
+
+
+def test_unknown_model_is_a_clean_error(capsys):
+    assert main(["models", "fetch", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown offline model" in err and "Traceback" not in err
