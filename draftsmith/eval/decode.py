@@ -1,0 +1,149 @@
+"""The speculative decoding loop: propose a tree, verify it in one target forward, keep what matches.
+
+With greedy verification the output is token for token the target's own greedy output; with
+sampling it follows the target's distribution exactly (see `verify.py`). Plain decoding is the
+same loop with `NoDraftProposer`, so speedups compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.eval.proposers.base import Proposer
+from draftsmith.eval.runner import CausalLMRunner, ForwardOutput
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
+from draftsmith.eval.tree import Tree, ancestor_mask
+from draftsmith.eval.verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's output and where its time went.
+
+    Attributes:
+        tokens: the new tokens (EOS included when reached).
+        accepted_per_step: draft tokens accepted at each target step (bonus excluded).
+        depth_per_step: depth of the tree proposed at each step.
+        tokens_per_step: tokens emitted at each step (after EOS / budget truncation).
+        step_seconds: wall time of each step.
+        prefill_seconds, draft_seconds, verify_seconds, total_seconds: time split; bookkeeping is
+            total - prefill - draft - verify.
+    """
+
+    tokens: list[int]
+    accepted_per_step: list[int] = field(default_factory=list)
+    depth_per_step: list[int] = field(default_factory=list)
+    tokens_per_step: list[int] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.tokens_per_step)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target step, bonus included (plain decoding = 1.0)."""
+        return len(self.tokens) / max(self.steps, 1)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.total_seconds - self.prefill_seconds
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.inference_mode()
+def generate(
+    runner: CausalLMRunner,
+    proposer: Proposer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    eos_token_ids: list[int] | tuple[int, ...] = (),
+    sampling: SamplingConfig | None = None,
+) -> GenerationResult:
+    """Generate up to `max_new_tokens` after `prompt_ids` with speculative decoding.
+
+    Args:
+        runner: the target with its cache (reset here).
+        proposer: where drafts come from.
+        prompt_ids: the prompt (at least one token).
+        max_new_tokens: budget of new tokens; generation also stops after an EOS token.
+        eos_token_ids: tokens that end generation.
+        sampling: temperature / top-p / seed; None or temperature 0 = greedy.
+
+    Returns:
+        GenerationResult with the tokens and per-step statistics.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    sampling = sampling or SamplingConfig()
+    generator = torch.Generator().manual_seed(sampling.seed)
+    eos = set(eos_token_ids)
+    device = runner.device
+    result = GenerationResult(tokens=[])
+    start = _clock(device)
+
+    runner.reset()
+    context = list(prompt_ids[:-1])
+    prefill = (runner.forward(torch.tensor(context), logits_to_keep=1) if context
+               else ForwardOutput(logits=torch.empty(0)))
+    runner.commit()
+    proposer.reset(context, prefill)
+    root = prompt_ids[-1]
+    now = _clock(device)
+    result.prefill_seconds = now - start
+
+    while len(result.tokens) < max_new_tokens:
+        step_start = now
+        tree = proposer.propose(root, max_depth=max_new_tokens - len(result.tokens) - 1)
+        tree.tokens = tree.tokens.to(device)
+        drafted = _clock(device)
+        out = runner.forward(
+            tree.tokens,
+            position_ids=runner.length + tree.depths.to(device),
+            tree_mask=None if tree.is_chain else _tree_mask(tree, device),
+        )
+        verified = _clock(device)
+        if sampling.greedy:
+            path, next_token = verify_greedy(tree, out.logits)
+        else:
+            path, next_token = verify_sampling(tree, logits_to_probs(out.logits, sampling), generator)
+        runner.commit(path)
+        path_tokens = tree.tokens[path].tolist()
+        new = [*path_tokens[1:], next_token]
+        proposer_start = _clock(device)
+        proposer.observe(path_tokens, out, path)
+        now = _clock(device)
+
+        emitted = []
+        for token in new[: max_new_tokens - len(result.tokens)]:
+            emitted.append(token)
+            if token in eos:
+                break
+        result.tokens.extend(emitted)
+        result.accepted_per_step.append(len(path) - 1)
+        result.depth_per_step.append(tree.max_depth)
+        result.tokens_per_step.append(len(emitted))
+        result.step_seconds.append(now - step_start)
+        result.draft_seconds += (drafted - step_start) + (now - proposer_start)
+        result.verify_seconds += verified - drafted
+        if emitted[-1] in eos:
+            break
+        root = next_token
+    result.total_seconds = _clock(device) - start
+    return result
+
+
+def _tree_mask(tree: Tree, device: torch.device) -> torch.Tensor:
+    return ancestor_mask(tree.parents, tree.depths).to(device)

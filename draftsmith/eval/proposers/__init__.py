@@ -1,0 +1,1 @@
+"""Proposers: where draft trees come from (draft models, prompt lookup, trained drafters)."""

@@ -1,0 +1,82 @@
+"""Classic speculative decoding: a smaller causal LM with the target's tokenizer drafts a chain.
+
+The draft model keeps its own KV cache in step with the accepted text. Accepted drafts it has not
+forwarded yet (the last one of a fully accepted chain) are fed together with the next root, so no
+token is ever forwarded twice by the draft.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.runner import CausalLMRunner, ForwardOutput
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
+from draftsmith.eval.tree import Tree, chain_tree
+
+
+def check_same_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    """Raise when the draft's output vocabulary cannot be compared with the target's."""
+    vt = target.get_output_embeddings().weight.shape[0]
+    vd = draft.get_output_embeddings().weight.shape[0]
+    if vt != vd:
+        raise DraftsmithError(
+            f"draft model vocab ({vd}) differs from the target's ({vt}); a classic draft model "
+            "must share the target's tokenizer (e.g. Qwen2.5-Coder-0.5B for Qwen2.5-Coder-1.5B)"
+        )
+
+
+class DraftModelProposer:
+    """Chain of `num_tokens` drafts from a small causal LM.
+
+    Args:
+        draft_model: causal LM sharing the target's vocabulary.
+        num_tokens: chain length k.
+        sampling: greedy drafts when temperature is 0, otherwise drafts sampled from the draft's
+            distribution under the same temperature / top-p (recorded for verification).
+        generator: random source for sampled drafts.
+    """
+
+    name = "draft_model"
+
+    def __init__(self, draft_model: torch.nn.Module, num_tokens: int = 4,
+                 sampling: SamplingConfig | None = None,
+                 generator: torch.Generator | None = None):
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens={num_tokens} must be >= 1")
+        self.runner = CausalLMRunner(draft_model)
+        self.num_tokens = num_tokens
+        self.sampling = sampling or SamplingConfig()
+        self.generator = generator
+        self.unfed: list[int] = []
+
+    def reset(self, context: list[int], target_out: ForwardOutput | None = None) -> None:
+        self.runner.reset()
+        self.unfed = list(context)
+
+    def _choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        if self.sampling.greedy:
+            return int(logits.argmax()), None
+        probs = logits_to_probs(logits, self.sampling)
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator)), probs
+
+    def propose(self, root: int, max_depth: int) -> Tree:
+        feed = torch.tensor([*self.unfed, root], dtype=torch.long)
+        logits = self.runner.forward(feed, logits_to_keep=1).logits[-1]
+        self.runner.commit()
+        self.unfed = []
+        drafts, probs = [], []
+        for step in range(min(self.num_tokens, max_depth)):
+            token, q = self._choose(logits)
+            drafts.append(token)
+            probs.append(q)
+            if step + 1 < min(self.num_tokens, max_depth):
+                logits = self.runner.forward(torch.tensor([token])).logits[-1]
+        draft_probs = None if self.sampling.greedy or not drafts else torch.stack(probs)
+        return chain_tree(root, drafts, draft_probs)
+
+    def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
+        accepted = len(path_tokens) - 1
+        kept = min(accepted, self.runner.pending)
+        self.runner.commit(list(range(kept)))
+        self.unfed = path_tokens[1 + kept:]

@@ -1,0 +1,140 @@
+"""A causal LM with its KV cache: forward a tree of new tokens, then keep only the accepted ones.
+
+The cache holds a committed prefix of length `length`. `forward` appends n new tokens at given
+positions with a tree mask over them (everything committed stays visible). `commit` keeps a subset
+of the uncommitted entries, in order, and drops the rest, so accepted tree nodes that are not
+contiguous need no recomputation.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass
+class ForwardOutput:
+    """Logits (n, V) for the new tokens, and hidden states when asked: tuple of (n, H) per layer."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class CausalLMRunner:
+    """Runs a Hugging Face causal LM on a growing KV cache with tree attention and rollback.
+
+    Args:
+        model: any transformers causal LM with full attention (Llama, Qwen2, Mistral, ...).
+        output_hidden_states: also return every layer's hidden states for the new tokens.
+    """
+
+    def __init__(self, model: torch.nn.Module, output_hidden_states: bool = False):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.output_hidden_states = output_hidden_states
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_cls = DynamicCache
+        self.cache = None
+        self.length = 0  # committed entries
+        self.pending = 0  # entries appended since the last commit
+        config = model.config
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None:
+            sliding = any("sliding" in str(t) for t in layer_types)
+        else:
+            sliding = bool(getattr(config, "sliding_window", None)) and getattr(
+                config, "use_sliding_window", True)
+        if sliding:
+            raise DraftsmithError(
+                f"{config.model_type} uses sliding-window attention, whose cache cannot be rolled "
+                "back node by node yet; use a full-attention target"
+            )
+
+    def reset(self) -> None:
+        """Forget everything: the next forward starts a new sequence."""
+        self.cache = self._cache_cls(config=self.model.config)
+        self.length = 0
+        self.pending = 0
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> ForwardOutput:
+        """Append `tokens` after the committed prefix and any pending entries.
+
+        Args:
+            tokens: (n,) token ids.
+            position_ids: (n,) absolute positions; default continues the sequence causally.
+            tree_mask: (n, pending + n) bool over the uncommitted region (pending entries then the
+                new tokens); True = visible. None means plain causal attention.
+            logits_to_keep: compute logits only for the last k tokens (0 = all).
+
+        Returns:
+            ForwardOutput for the kept positions.
+        """
+        if self.cache is None:
+            self.reset()
+        n = tokens.shape[0]
+        start = self.length + self.pending
+        if position_ids is None:
+            position_ids = torch.arange(start, start + n, device=self.device)
+        kwargs = {self._cache_kwarg: self.cache}
+        if tree_mask is not None:
+            full = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+            full[:, self.length:] = tree_mask
+            mask = torch.zeros(full.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~full, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = mask[None, None]
+        out = self.model(
+            input_ids=tokens[None].to(self.device),
+            position_ids=position_ids[None].to(self.device),
+            use_cache=True,
+            output_hidden_states=self.output_hidden_states,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
+        self.pending += n
+        hidden = None
+        if self.output_hidden_states:
+            hidden = tuple(h[0] for h in out.hidden_states)
+        return ForwardOutput(logits=out.logits[0], hidden_states=hidden)
+
+    def commit(self, keep: list[int] | None = None) -> None:
+        """Keep the uncommitted entries at indices `keep` (increasing; None = all), drop the rest."""
+        if keep is None:
+            keep_count = self.pending
+        else:
+            keep_count = len(keep)
+            if keep != list(range(keep_count)):
+                index = torch.tensor(keep, dtype=torch.long, device=self.device) + self.length
+                for layer in self.cache.layers:
+                    layer.keys[..., self.length:self.length + keep_count, :] = \
+                        layer.keys.index_select(-2, index)
+                    layer.values[..., self.length:self.length + keep_count, :] = \
+                        layer.values.index_select(-2, index)
+        self.length += keep_count
+        self.pending = 0
+        self._truncate(self.length)
+
+    def rollback(self) -> None:
+        """Drop every uncommitted entry."""
+        self.pending = 0
+        self._truncate(self.length)
+
+    def _truncate(self, size: int) -> None:
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.shape[-2] > size:
+                layer.keys = layer.keys[..., :size, :]
+                layer.values = layer.values[..., :size, :]

@@ -1,0 +1,44 @@
+"""Turning logits into the distribution a decoder samples from (temperature, top-p)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen. temperature 0 means greedy.
+
+    Attributes:
+        temperature: softmax temperature; 0 selects greedy decoding.
+        top_p: nucleus mass kept (1.0 keeps everything).
+        seed: seed of the generator used for accept/reject and sampling.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Probabilities after temperature and top-p, computed in float32. (..., V) -> (..., V)"""
+    probs = torch.softmax(logits.float() / max(config.temperature, 1e-6), dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= config.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
