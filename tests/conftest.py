@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from tiny_targets import FAMILIES, tiny_target
 
 from draftsmith import offline_models
+
+from tiny_targets import FAMILIES, tiny_target
 
 
 @pytest.fixture(params=FAMILIES)

@@ -6,13 +6,14 @@ import time
 
 import pytest
 import torch
-from conftest import require_offline_model
-from tiny_targets import tiny_target
 
 from draftsmith import offline_models
 from draftsmith.chat import generate_reply
 from draftsmith.errors import DraftsmithError
 from draftsmith.target import load_target, resolve_device, resolve_dtype
+
+from conftest import require_offline_model
+from tiny_targets import tiny_target
 
 QUESTION = "What is the capital of France? Answer in one short sentence."
 

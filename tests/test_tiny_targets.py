@@ -1,6 +1,7 @@
 """The tiny random targets are real transformers models of each family with working KV caches."""
 
 import torch
+
 from tiny_targets import tiny_target
 
 

@@ -111,6 +111,7 @@ class CausalLMRunner:
             hidden = tuple(h[0] for h in out.hidden_states)
         return ForwardOutput(logits=out.logits[0], hidden_states=hidden)
 
+    @torch.inference_mode()
     def commit(self, keep: list[int] | None = None) -> None:
         """Keep the uncommitted entries at indices `keep` (increasing; None = all), drop the rest."""
         if keep is None:

@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.proposers.tree_expansion import (
+    DynamicTreeConfig,
+    grow_dynamic_tree,
+    grow_static_tree,
+)
 from draftsmith.eval.runner import CausalLMRunner, ForwardOutput
 from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
 from draftsmith.eval.tree import Tree, chain_tree
@@ -80,3 +85,68 @@ class DraftModelProposer:
         kept = min(accepted, self.runner.pending)
         self.runner.commit(list(range(kept)))
         self.unfed = path_tokens[1 + kept:]
+
+
+class DraftModelTreeProposer:
+    """A small causal LM grows a static or dynamic (EAGLE-2 style) tree using tree attention.
+
+    Tree nodes are forwarded into the draft's cache with an ancestor mask and dropped after the
+    tree is built; accepted tokens are fed with the next root. Candidates are deterministic
+    (top-k), so sampling verification treats them as point masses and stays lossless.
+
+    Args:
+        draft_model: causal LM sharing the target's vocabulary.
+        choices: static tree as top-k rank paths; None selects the dynamic tree.
+        dynamic: EAGLE-2 expansion settings when `choices` is None.
+    """
+
+    def __init__(self, draft_model: torch.nn.Module,
+                 choices: tuple[tuple[int, ...], ...] | None = None,
+                 dynamic: DynamicTreeConfig | None = None):
+        self.runner = CausalLMRunner(draft_model)
+        self.choices = choices
+        self.dynamic = dynamic or DynamicTreeConfig()
+        self.name = "draft_model_static_tree" if choices else "draft_model_dynamic_tree"
+        self.unfed: list[int] = []
+        self._slot: dict[int, int] = {}
+        self._parent: dict[int, int] = {}
+        self._depth: dict[int, int] = {-1: 0}
+
+    def reset(self, context: list[int], target_out: ForwardOutput | None = None) -> None:
+        self.runner.reset()
+        self.unfed = list(context)
+
+    def _expand(self, tokens: torch.Tensor, ids: list[int], parents: list[int]) -> torch.Tensor:
+        pending = self.runner.pending
+        m = len(ids)
+        mask = torch.zeros(m, pending + m, dtype=torch.bool)
+        positions = []
+        for row, (node, parent) in enumerate(zip(ids, parents, strict=True)):
+            self._parent[node] = parent
+            self._depth[node] = self._depth[parent] + 1
+            mask[row, pending + row] = True
+            while parent >= 0:
+                mask[row, self._slot[parent]] = True
+                parent = self._parent[parent]
+            positions.append(self.runner.length - 1 + self._depth[node])
+        out = self.runner.forward(tokens, torch.tensor(positions), mask)
+        for row, node in enumerate(ids):
+            self._slot[node] = pending + row
+        return torch.log_softmax(out.logits.float(), dim=-1)
+
+    def propose(self, root: int, max_depth: int) -> Tree:
+        feed = torch.tensor([*self.unfed, root], dtype=torch.long)
+        logits = self.runner.forward(feed, logits_to_keep=1).logits[-1]
+        self.runner.commit()
+        self.unfed = []
+        self._slot, self._parent, self._depth = {}, {}, {-1: 0}
+        root_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if self.choices:
+            tree = grow_static_tree(root, root_logprobs, self._expand, self.choices, max_depth)
+        else:
+            tree = grow_dynamic_tree(root, root_logprobs, self._expand, self.dynamic, max_depth)
+        self.runner.rollback()
+        return tree
+
+    def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
+        self.unfed = path_tokens[1:]
