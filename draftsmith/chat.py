@@ -24,8 +24,8 @@ class Reply:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-def chat_input_ids(tokenizer, prompt: str, system: str | None = None) -> torch.Tensor:
-    """Render one user turn with the tokenizer's chat template, ready for generation. (1, T)
+def render_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` in the tokenizer's chat template, ready for the assistant's turn.
 
     Raises:
         DraftsmithError: the tokenizer has no chat template.
@@ -34,10 +34,15 @@ def chat_input_ids(tokenizer, prompt: str, system: str | None = None) -> torch.T
         raise DraftsmithError(
             "the target's tokenizer has no chat template; use an instruct/chat model"
         )
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def chat_input_ids(tokenizer, prompt: str, system: str | None = None) -> torch.Tensor:
+    """One user turn (after an optional system prompt) rendered for generation. (1, T)"""
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return torch.tensor([render_chat(tokenizer, messages)])
 
 
 @torch.inference_mode()

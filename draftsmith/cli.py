@@ -10,7 +10,6 @@ from draftsmith.errors import DraftsmithError
 NOT_YET = {
     "data": ("prepare conversations, regenerate responses, cache hidden states", 3),
     "train": ("train a drafter from a recipe", 7),
-    "eval": ("speculative decoding evaluation against baselines", 4),
     "export": ("export a checkpoint for vLLM / SGLang / reference code", 5),
     "push": ("push an exported drafter to the Hugging Face Hub", 5),
     "bench": ("train and evaluate every drafter kind on real targets", 6),
@@ -65,6 +64,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from draftsmith.eval.evaluate import EvalConfig, run_eval
+    from draftsmith.eval.methods import ProposerSettings
+    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+    from draftsmith.eval.sampling import SamplingConfig
+
+    if args.drafter:
+        raise DraftsmithError("--drafter checkpoints are not supported yet (trained drafters land "
+                              "with issue #7); use --draft-model or the prompt_lookup method")
+    methods = list(_csv(args.methods))
+    if args.baselines:
+        methods += ["prompt_lookup", "hf_generate", "hf_prompt_lookup"]
+        if args.draft_model:
+            methods += ["draft_model", "hf_assisted"]
+    try:
+        sampling = SamplingConfig(args.temperature, args.top_p, args.seed)
+        tree = DynamicTreeConfig(args.tree_topk, args.tree_depth, args.tree_total_tokens)
+    except ValueError as err:
+        raise DraftsmithError(str(err)) from err
+    config = EvalConfig(
+        target=args.target, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+        bench=_csv(args.bench), limit=args.limit, max_new_tokens=args.max_new_tokens,
+        methods=tuple(dict.fromkeys(methods)), sampling=sampling,
+        settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
+                                  tree),
+        out_dir=args.out, trust_remote_code=args.trust_remote_code,
+    )
+    run_eval(config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
@@ -83,6 +117,32 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.set_defaults(func=cmd_generate)
+
+    ev = verbs.add_parser("eval", help="speculative decoding: tau, acceptance, speedup vs baselines")
+    _add_target_args(ev)
+    ev.set_defaults(dtype="bfloat16")
+    ev.add_argument("--drafter", help="trained drafter checkpoint (lands with issue #7)")
+    ev.add_argument("--draft-model", help="classic draft model spec (same tokenizer as the target)")
+    ev.add_argument("--methods", default="plain,prompt_lookup",
+                    help="comma list: plain, prompt_lookup, draft_model, draft_model_tree, "
+                    "hf_generate, hf_assisted, hf_prompt_lookup")
+    ev.add_argument("--baselines", action="store_true",
+                    help="add prompt lookup, HF generate / prompt lookup, and with --draft-model "
+                    "the classic draft model and HF assisted generation")
+    ev.add_argument("--bench", default="mt_bench,humaneval,gsm8k", help="comma list of prompt sets")
+    ev.add_argument("--limit", type=int, default=5, help="items per prompt set")
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ev.add_argument("--top-p", type=float, default=1.0)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--num-draft-tokens", type=int, default=4, help="draft model chain length")
+    ev.add_argument("--lookup-tokens", type=int, default=8, help="prompt lookup chain length")
+    ev.add_argument("--lookup-max-ngram", type=int, default=3)
+    ev.add_argument("--tree-topk", type=int, default=4)
+    ev.add_argument("--tree-depth", type=int, default=6)
+    ev.add_argument("--tree-total-tokens", type=int, default=16)
+    ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
+    ev.set_defaults(func=cmd_eval)
 
     for verb, (summary, issue) in NOT_YET.items():
         sub = verbs.add_parser(verb, help=f"{summary} (not implemented yet)")

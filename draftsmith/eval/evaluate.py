@@ -1,0 +1,183 @@
+"""`draftsmith eval`: every method on the same prompts in one run, then a table, JSON and plots.
+
+Methods run one after another on each prompt turn, so they share the machine's conditions. For
+MT-bench the second turn follows the first method's answer, the same context for every method.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.chat import render_chat
+from draftsmith.data.prompts import load_prompts
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.decode import generate
+from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
+from draftsmith.eval.methods import NEEDS_DRAFT, ProposerSettings, check_methods, make_proposer
+from draftsmith.eval.metrics import RunRecord, summarize_all
+from draftsmith.eval.proposers.draft_model import check_same_vocab
+from draftsmith.eval.report import format_table, write_json, write_plots
+from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.target import load_target
+
+
+@dataclass
+class EvalConfig:
+    """What `draftsmith eval` runs.
+
+    Attributes:
+        target: target spec (offline name, folder, .gguf or Hub id).
+        draft_model: classic draft model spec for draft methods, or None.
+        dtype, device: for target and draft model.
+        bench: prompt sets (mt_bench, humaneval, gsm8k).
+        limit: items per set.
+        max_new_tokens: budget per turn.
+        methods: methods in run order; the first is the speedup baseline and supplies MT-bench's
+            second-turn context.
+        sampling: temperature / top-p / seed (temperature 0 = greedy).
+        settings: proposer knobs.
+        out_dir: where eval.json and the plots go.
+        trust_remote_code: passed to model loading.
+    """
+
+    target: str = DEFAULT_TARGET
+    draft_model: str | None = None
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    bench: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k")
+    limit: int = 5
+    max_new_tokens: int = 128
+    methods: tuple[str, ...] = ("plain", "prompt_lookup")
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    settings: ProposerSettings = field(default_factory=ProposerSettings)
+    out_dir: str = "runs/eval"
+    trust_remote_code: bool = False
+
+    def __post_init__(self):
+        if self.limit < 1:
+            raise DraftsmithError(f"--limit {self.limit} must be >= 1")
+        if self.max_new_tokens < 1:
+            raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
+        if not self.methods or self.methods[0] != "plain":
+            self.methods = ("plain", *[m for m in self.methods if m != "plain"])
+        check_methods(list(self.methods), self.draft_model is not None)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, timeout=5)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def hardware() -> str:
+    """A short description of where the numbers were measured."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+class MethodRunner:
+    """Runs one method on one prompt and returns its tokens and record."""
+
+    def __init__(self, config: EvalConfig, target, draft_model):
+        self.config = config
+        self.target = target
+        self.draft_model = draft_model
+        self.runner = CausalLMRunner(target.model)
+        self.eos = target.eos_token_ids
+
+    def run(self, method: str, prompt_ids: list[int], max_new_tokens: int,
+            set_name: str = "", item_id: str = "", turn: int = 0) -> tuple[list[int], RunRecord]:
+        cfg = self.config
+        if method in HF_METHODS:
+            tokens, seconds = hf_generate(method, self.target.model, prompt_ids, max_new_tokens,
+                                          self.eos, cfg.sampling, self.draft_model,
+                                          cfg.settings.lookup_tokens)
+            return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
+        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model)
+        result = generate(self.runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
+        return result.tokens, RunRecord(
+            method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
+            result.prefill_seconds, result.draft_seconds, result.verify_seconds,
+            result.accepted_per_step, result.depth_per_step, result.tokens_per_step,
+            result.step_seconds)
+
+
+def run_eval(config: EvalConfig, log=print) -> dict:
+    """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
+    prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
+    target = load_target(config.target, dtype=config.dtype, device=config.device,
+                         trust_remote_code=config.trust_remote_code)
+    draft_model = None
+    if any(m in NEEDS_DRAFT for m in config.methods):
+        draft_model = load_target(config.draft_model, dtype=config.dtype, device=config.device,
+                                  trust_remote_code=config.trust_remote_code).model
+        check_same_vocab(target.model, draft_model)
+    runner = MethodRunner(config, target, draft_model)
+    tokenizer = target.tokenizer
+
+    warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}])
+    for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
+        runner.run(method, warm, 8)
+
+    records: list[RunRecord] = []
+    identical = {m: [0, 0] for m in config.methods[1:]}
+    total = sum(len(p.turns) for p in prompts) * len(config.methods)
+    with tqdm(total=total, desc="eval", unit="run") as progress:
+        for item in prompts:
+            messages: list[dict] = []
+            for turn, text in enumerate(item.turns):
+                messages.append({"role": "user", "content": text})
+                prompt_ids = render_chat(tokenizer, messages)
+                reference = None
+                for method in config.methods:
+                    progress.set_postfix_str(f"{item.set_name}/{item.item_id} {method}")
+                    tokens, record = runner.run(method, prompt_ids, config.max_new_tokens,
+                                                item.set_name, item.item_id, turn)
+                    records.append(record)
+                    if reference is None:
+                        reference = tokens
+                    else:
+                        identical[method][0] += tokens == reference
+                        identical[method][1] += 1
+                    progress.update()
+                messages.append({"role": "assistant",
+                                 "content": tokenizer.decode(reference, skip_special_tokens=True)})
+
+    table = summarize_all(records, baseline=config.methods[0])
+    for method, (same, count) in identical.items():
+        for per_set in table.values():
+            if method in per_set:
+                per_set[method]["identical_to_plain"] = same / count if count else None
+    out_dir = Path(config.out_dir)
+    payload = {
+        "config": asdict(config),
+        "hardware": hardware(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git_commit(),
+        "torch": torch.__version__,
+        "summary": table,
+        "records": [r.to_dict() for r in records],
+    }
+    json_path = write_json(out_dir / "eval.json", payload)
+    plots = write_plots(table, out_dir)
+    log(format_table(table))
+    if not config.sampling.greedy:
+        log("sampling: outputs differ from plain by design; the distribution is the target's")
+    else:
+        log("identical to plain greedy output: " + ", ".join(
+            f"{m} {s / c:.0%}" for m, (s, c) in identical.items() if c))
+    log(f"results: {json_path}; plots: {', '.join(str(p) for p in plots)}")
+    return payload

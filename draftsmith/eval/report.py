@@ -1,0 +1,81 @@
+"""Writing evaluation results: a terminal table, a JSON file and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(table: dict[str, dict[str, dict]]) -> str:
+    """Rows: set x method; columns: tau, tokens/s, speedup, acceptance at depths 1-3, latency."""
+    header = (f"{'set':10s} {'method':18s} {'tau':>5s} {'tok/s':>7s} {'speedup':>8s} "
+              f"{'acc@1':>6s} {'acc@2':>6s} {'acc@3':>6s} {'p50 ms':>7s} {'p90 ms':>7s}")
+    lines = [header, "-" * len(header)]
+    for set_name, methods in table.items():
+        for method, s in methods.items():
+            acc = (s["acceptance_by_depth"] + [None] * 3)[:3]
+            lines.append(
+                f"{set_name:10s} {method:18s} {_fmt(s['tau'], '5.2f')} "
+                f"{_fmt(s['tokens_per_second'], '7.1f')} {_fmt(s['speedup'], '7.2f')}x "
+                f"{_fmt(acc[0], '6.2f')} {_fmt(acc[1], '6.2f')} {_fmt(acc[2], '6.2f')} "
+                f"{_fmt(s['latency_ms_p50'], '7.1f')} {_fmt(s['latency_ms_p90'], '7.1f')}"
+            )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> Path:
+    """Write atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
+    """acceptance_by_depth.png (overall) and speedup_by_set.png; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, s in table["all"].items():
+        rates = s["acceptance_by_depth"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
+    ax.set(xlabel="draft depth", ylabel="acceptance rate (given the previous was accepted)",
+           ylim=(0, 1.02), title="Acceptance per depth (all sets)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "acceptance_by_depth.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sets = list(table)
+    methods = list(table["all"])
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        values = [table[s].get(method, {}).get("speedup") or 0.0 for s in sets]
+        ax.bar([x + i * width for x in range(len(sets))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(sets))], sets)
+    ax.set(ylabel="speedup over plain decoding", title="Speedup per prompt set")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "speedup_by_set.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
