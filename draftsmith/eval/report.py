@@ -63,7 +63,7 @@ def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     sets = list(table)
     methods = list(table["all"])
     width = 0.8 / max(len(methods), 1)
@@ -73,7 +73,7 @@ def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(sets))], sets)
     ax.set(ylabel="speedup over plain decoding", title="Speedup per prompt set")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     paths.append(out_dir / "speedup_by_set.png")
     fig.savefig(paths[-1], dpi=120)
