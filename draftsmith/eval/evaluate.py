@@ -72,7 +72,7 @@ class EvalConfig:
         check_methods(list(self.methods), self.draft_model is not None)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, cwd=Path(__file__).parent, timeout=5)
@@ -166,7 +166,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         "config": asdict(config),
         "hardware": hardware(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "torch": torch.__version__,
         "summary": table,
         "records": [r.to_dict() for r in records],
