@@ -84,16 +84,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
             methods += ["draft_model", "hf_assisted"]
     try:
         sampling = SamplingConfig(args.temperature, args.top_p, args.seed)
-        tree = DynamicTreeConfig(args.tree_topk, args.tree_depth, args.tree_total_tokens)
+        auto = args.tree_total_tokens == "auto"
+        tree = DynamicTreeConfig(args.tree_topk, args.tree_depth,
+                                 16 if auto else int(args.tree_total_tokens))
     except ValueError as err:
-        raise DraftsmithError(str(err)) from err
+        raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
     config = EvalConfig(
         target=args.target, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
         bench=_csv(args.bench), limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), sampling=sampling,
         settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
                                   tree),
-        out_dir=args.out, trust_remote_code=args.trust_remote_code,
+        out_dir=args.out, trust_remote_code=args.trust_remote_code, autotune_tree=auto,
     )
     run_eval(config)
     return 0
@@ -140,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--lookup-max-ngram", type=int, default=3)
     ev.add_argument("--tree-topk", type=int, default=4)
     ev.add_argument("--tree-depth", type=int, default=6)
-    ev.add_argument("--tree-total-tokens", type=int, default=16)
+    ev.add_argument("--tree-total-tokens", default="16",
+                    help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
+                    "machine and pick the size with the best expected tokens/s")
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
     ev.set_defaults(func=cmd_eval)
 

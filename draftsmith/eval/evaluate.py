@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import platform
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.autotune import TreeBudget, autotune_total_tokens
 from draftsmith.eval.decode import generate
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
 from draftsmith.eval.methods import NEEDS_DRAFT, ProposerSettings, check_methods, make_proposer
@@ -47,6 +48,8 @@ class EvalConfig:
         settings: proposer knobs.
         out_dir: where eval.json and the plots go.
         trust_remote_code: passed to model loading.
+        autotune_tree: measure this machine and pick the dynamic tree's total_tokens (replaces
+            `settings.tree.total_tokens`).
     """
 
     target: str = DEFAULT_TARGET
@@ -61,6 +64,7 @@ class EvalConfig:
     settings: ProposerSettings = field(default_factory=ProposerSettings)
     out_dir: str = "runs/eval"
     trust_remote_code: bool = False
+    autotune_tree: bool = False
 
     def __post_init__(self):
         if self.limit < 1:
@@ -115,6 +119,21 @@ class MethodRunner:
             result.step_seconds)
 
 
+def _autotune(config: EvalConfig, target, draft_model, prompts, log) -> TreeBudget:
+    calibration = [render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}])
+                   for p in prompts[:2]]
+    budget = autotune_total_tokens(
+        CausalLMRunner(target.model),
+        lambda total: make_proposer("draft_model_tree", replace(
+            config.settings, tree=replace(config.settings.tree, total_tokens=total)),
+            config.sampling, draft_model),
+        calibration)
+    log("tree budget: " + ", ".join(
+        f"{n}: tau~{budget.expected_tau[n]:.2f} verify {budget.verify_seconds[n + 1] * 1e3:.0f}ms"
+        for n in budget.expected_tau) + f" -> total_tokens={budget.total_tokens}")
+    return budget
+
+
 def run_eval(config: EvalConfig, log=print) -> dict:
     """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
     prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
@@ -125,8 +144,14 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         draft_model = load_target(config.draft_model, dtype=config.dtype, device=config.device,
                                   trust_remote_code=config.trust_remote_code).model
         check_same_vocab(target.model, draft_model)
-    runner = MethodRunner(config, target, draft_model)
     tokenizer = target.tokenizer
+    tree_budget = None
+    if config.autotune_tree and "draft_model_tree" in config.methods:
+        tree_budget = _autotune(config, target, draft_model, prompts, log)
+        config = replace(config, settings=replace(
+            config.settings, tree=replace(config.settings.tree,
+                                          total_tokens=tree_budget.total_tokens)))
+    runner = MethodRunner(config, target, draft_model)
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}])
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
@@ -168,6 +193,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "torch": torch.__version__,
+        "tree_budget": asdict(tree_budget) if tree_budget else None,
         "summary": table,
         "records": [r.to_dict() for r in records],
     }

@@ -24,6 +24,7 @@ class Tree:
             when candidates were chosen deterministically (top-k): verification then treats each
             candidate as a point mass, which keeps sampling lossless for any candidate choice.
         is_chain: True when parents[i] == i - 1 for all i (no custom attention mask needed).
+        scores: (n,) the drafter's cumulative log-probability of each node (root 0), when known.
     """
 
     tokens: torch.Tensor
@@ -31,6 +32,7 @@ class Tree:
     depths: torch.Tensor
     draft_probs: torch.Tensor | None = None
     is_chain: bool = False
+    scores: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -96,7 +98,7 @@ def static_tree_choices(choices: list[tuple[int, ...]]) -> tuple[list[tuple[int,
 
 def build_dynamic_tree(
     scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, total_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2 rerank: keep the `total_tokens` candidates with the highest cumulative log-prob.
 
     Candidates are every node produced during expansion (root excluded), given as flat arrays in
@@ -110,8 +112,8 @@ def build_dynamic_tree(
         total_tokens: how many draft nodes to keep.
 
     Returns:
-        `(tokens, parents, depths)` of the selected tree including the root at index 0 (root token
-        set to -1 for the caller to fill), in topological order.
+        `(tokens, parents, depths, scores)` of the selected tree including the root at index 0
+        (root token set to -1 for the caller to fill, root score 0), in topological order.
     """
     m = scores.shape[0]
     # Sort by score descending, then by creation order, so a parent beats a child it ties with.
@@ -129,7 +131,8 @@ def build_dynamic_tree(
     for i in range(1, len(out_parents)):
         depths.append(depths[out_parents[i]] + 1)
     device = tokens.device
-    out_tokens = torch.cat([tokens.new_full((1,), -1),
-                            tokens[torch.tensor(chosen, dtype=torch.long, device=device)]])
+    index = torch.tensor(chosen, dtype=torch.long, device=device)
+    out_tokens = torch.cat([tokens.new_full((1,), -1), tokens[index]])
+    out_scores = torch.cat([scores.new_zeros(1), scores[index]])
     return (out_tokens, torch.tensor(out_parents, device=device),
-            torch.tensor(depths, device=device))
+            torch.tensor(depths, device=device), out_scores)

@@ -48,7 +48,8 @@ def test_dynamic_rerank_keeps_best_connected_nodes():
     scores = torch.tensor([-0.1, -2.0, -0.3, -0.2, -0.5])
     tokens = torch.tensor([10, 11, 12, 13, 14])
     parents = torch.tensor([-1, -1, 0, 0, 2])
-    out_tokens, out_parents, depths = build_dynamic_tree(scores, tokens, parents, total_tokens=4)
+    out_tokens, out_parents, depths, out_scores = build_dynamic_tree(scores, tokens, parents, 4)
     assert out_tokens.tolist() == [-1, 10, 12, 13, 14]
     assert out_parents.tolist() == [-1, 0, 1, 1, 2]
     assert depths.tolist() == [0, 1, 2, 2, 3]
+    assert torch.allclose(out_scores, torch.tensor([0.0, -0.1, -0.3, -0.2, -0.5]))

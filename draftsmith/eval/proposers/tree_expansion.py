@@ -103,8 +103,8 @@ def grow_dynamic_tree(root: int, root_logprobs: torch.Tensor, expand: ExpandFn,
         frontier = offset + best
         frontier_scores = scores.flatten()[best]
         offset += k * k
-    tokens, parents, depths = build_dynamic_tree(
+    tokens, parents, depths, scores = build_dynamic_tree(
         torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(cand_parents), config.total_tokens
     )
     tokens[0] = root
-    return Tree(tokens=tokens, parents=parents, depths=depths)
+    return Tree(tokens=tokens, parents=parents, depths=depths, scores=scores)
