@@ -1,0 +1,102 @@
+"""EAGLE-1 drafter (also EAGLE-2's: only the inference tree differs): predicts the target's next
+feature from (embedding of the next token, current feature) with one decoder layer; tokens come
+from the target's frozen head. Weight names follow the EAGLE-1/2 checkpoint (`fc`, `layers.0.*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.models.layers import (
+    KV,
+    DraftDecoderLayer,
+    Rotary,
+    drafter_layer_config,
+    padded_causal_mask,
+    shift_left,
+)
+
+
+@dataclass
+class Eagle1Config:
+    """EAGLE-1 settings.
+
+    Attributes:
+        feature_noise: half-width of the uniform noise added to input features in training.
+        feature_weight: weight of the feature regression (SmoothL1) loss.
+        token_weight: weight of the soft cross-entropy through the frozen head (0.1 in the paper).
+    """
+
+    feature_noise: float = 0.1
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+
+
+class Eagle1Drafter(nn.Module):
+    """fc(cat(embed(t_{i+1}), f_i)) -> one decoder layer without input norm -> predicted f_{i+1}.
+
+    Frozen parts copied from the target: `embed_tokens`, `lm_head`.
+    """
+
+    kind = "eagle1"
+
+    def __init__(self, target_config, config: Eagle1Config):
+        super().__init__()
+        layer_config = drafter_layer_config(target_config)
+        hidden = layer_config.hidden_size
+        self.config = config
+        self.layer_config = layer_config
+        self.embed_tokens = nn.Embedding(target_config.vocab_size, hidden).requires_grad_(False)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layers = nn.ModuleList([DraftDecoderLayer(layer_config, hidden)])
+        self.lm_head = nn.Linear(hidden, target_config.vocab_size, bias=False).requires_grad_(False)
+        self.rotary = Rotary(layer_config)
+
+    def init_from_target(self, target: nn.Module) -> None:
+        self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
+        self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
+
+    def step(self, tokens: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
+             mask: torch.Tensor | None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """tokens (B, T) (the token after each feature), features (B, T, H) -> predicted features."""
+        embeds = self.embed_tokens(tokens).to(features.dtype)
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        cos, sin = self.rotary(x, position_ids)
+        return self.layers[0](x, x, cos, sin, mask, past)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(features)
+
+
+def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                loss_mask: torch.Tensor, features: torch.Tensor,
+                target_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SmoothL1(f_pred, f_next) + w * soft-CE(target head on f_next, head on f_pred), masked.
+
+    Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
+    predicts f_{i+1}, trained where token i+2 is in the loss mask.
+    """
+    cfg = drafter.config
+    b, t = input_ids.shape
+    inputs = features
+    if drafter.training and cfg.feature_noise > 0:
+        inputs = features + (torch.rand_like(features) * 2 - 1) * cfg.feature_noise
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    predicted, _ = drafter.step(shift_left(input_ids, 1), inputs, positions,
+                                padded_causal_mask(attention_mask))
+    next_features = shift_left(features, 1)
+    valid = (shift_left(loss_mask, 2) > 0) & (torch.arange(t, device=input_ids.device)[None] < t - 2)
+    count = valid.sum().clamp_min(1)
+    feature_loss = (F.smooth_l1_loss(predicted.float(), next_features.float(), reduction="none")
+                    .mean(-1) * valid).sum() / count
+    draft_logp = torch.log_softmax(drafter.logits(predicted).float(), dim=-1)
+    target_p = torch.softmax(shift_left(target_logits, 1).float(), dim=-1)
+    token_loss = (-(target_p * draft_logp).sum(-1) * valid).sum() / count
+    loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
+    hits = (draft_logp.argmax(-1) == target_p.argmax(-1)) & valid
+    return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
+                  "acc_0": hits.sum().float() / count}

@@ -1,0 +1,194 @@
+"""EAGLE-3 drafter: fused low/mid/high target features, one 2H-wide decoder layer, a reduced draft
+vocabulary, and training-time test (TTT): the drafter is unrolled on its own outputs during training.
+
+Weight names follow the official/SGLang checkpoint (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`,
+`t2d`); see ../shared/REFERENCE.md section 1 and 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from draftsmith.models.layers import (
+    KV,
+    DraftDecoderLayer,
+    Rotary,
+    drafter_layer_config,
+    shift_left,
+)
+
+
+def eagle3_layer_ids(num_layers: int) -> list[int]:
+    """0-based target layer outputs fused by EAGLE-3: [1, N//2 - 1, N - 4] (at least 0)."""
+    return [max(i, 0) for i in (1, num_layers // 2 - 1, num_layers - 4)]
+
+
+@dataclass
+class Eagle3Config:
+    """EAGLE-3 settings.
+
+    Attributes:
+        draft_vocab_size: Vd, tokens the drafter can propose (<= target vocab).
+        ttt_steps: training-time test unroll depth (reference code 7, paper 5, speculators 3).
+        step_weight: loss weight decay per TTT step (0.8 in the reference).
+        layer_ids: target layer outputs to fuse; None = [1, N//2-1, N-4].
+    """
+
+    draft_vocab_size: int = 32000
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+    layer_ids: list[int] | None = None
+
+    def __post_init__(self):
+        if self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be >= 1")
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
+
+
+class Eagle3Midlayer(DraftDecoderLayer):
+    """The decoder layer with EAGLE-3's two input norms (2H-wide attention input)."""
+
+    def __init__(self, config):
+        super().__init__(config, 2 * config.hidden_size)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def run(self, embeds, hidden, cos, sin, mask, past=None, extra_kv=None):
+        attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 drafter for a given target config.
+
+    Frozen parts copied from the target: `embed_tokens`. Trained: `fc`, `midlayer`, `norm`,
+    `lm_head` (over the draft vocabulary). Buffers: `d2t` (int64 [Vd]) and `t2d` (bool [V]).
+    """
+
+    kind = "eagle3"
+
+    def __init__(self, target_config, config: Eagle3Config):
+        super().__init__()
+        layer_config = drafter_layer_config(target_config)
+        hidden = layer_config.hidden_size
+        vocab = target_config.vocab_size
+        vd = min(config.draft_vocab_size, vocab)
+        self.config = config
+        self.layer_config = layer_config
+        self.layer_ids = config.layer_ids or eagle3_layer_ids(target_config.num_hidden_layers)
+        self.embed_tokens = nn.Embedding(vocab, hidden).requires_grad_(False)
+        self.fc = nn.Linear(3 * hidden, hidden, bias=False)
+        self.midlayer = Eagle3Midlayer(layer_config)
+        self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, vd, bias=False)
+        self.rotary = Rotary(layer_config)
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
+        self.t2d[:vd] = True
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install a draft vocabulary (see draftsmith.data); sizes must match Vd and V."""
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(f"draft vocab shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} "
+                             f"do not match Vd={self.d2t.shape[0]} / V={self.t2d.shape[0]}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def init_from_target(self, target: nn.Module) -> None:
+        """Copy the frozen embedding and start the draft head from the target's head rows."""
+        self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
+        head = target.get_output_embeddings().weight.data
+        self.lm_head.weight.data.copy_(head[self.draft_ids()])
+
+    def draft_ids(self) -> torch.Tensor:
+        """Target id of each draft id. (Vd,)"""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def fuse(self, aux_hidden: list[torch.Tensor]) -> torch.Tensor:
+        """fc(cat(low, mid, high)): target features -> drafter hidden. (..., H)"""
+        return self.fc(torch.cat(aux_hidden, dim=-1).to(self.fc.weight.dtype))
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+             mask: torch.Tensor | None, past: KV | None = None,
+             extra_kv: list[KV] | None = None) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """One drafter pass. tokens (B, T), hidden (B, T, H) -> (h_out, draft logits (B,T,Vd), kv)"""
+        embeds = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = self.rotary(hidden, position_ids)
+        out, kv = self.midlayer.run(embeds, hidden, cos, sin, mask, past, extra_kv)
+        return out, self.lm_head(self.norm(out)), kv
+
+
+def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Attention masks of each TTT step over [block 0, ..., block j] keys.
+
+    Step j (0-based): causal over block 0 (hiding padding), plus only the same position in each
+    later block 1..j. Returns bool masks of shape (B, 1, T, (j+1)*T).
+    """
+    b, t = attention_mask.shape
+    device = attention_mask.device
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+    block0 = causal & attention_mask[:, None, None, :].bool()
+    block0 = block0 | torch.eye(t, dtype=torch.bool, device=device)[None, None]
+    diag = torch.eye(t, dtype=torch.bool, device=device)[None, None].expand(b, 1, t, t)
+    return [torch.cat([block0] + [diag] * j, dim=-1) for j in range(steps)]
+
+
+def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
+                target_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Training-time-test loss of EAGLE-3.
+
+    Step j at position i feeds token i+1+j and the previous step's output (step 0: fused target
+    features at i), and is trained to match the target's distribution for token i+j+2 restricted
+    to the draft vocabulary, where that token is in the loss mask and the target's argmax is in the
+    draft vocabulary. Total = sum_j w^j * mean soft cross-entropy_j.
+
+    Args:
+        input_ids, attention_mask, loss_mask: (B, T).
+        aux_hidden: three (B, T, H) target layer outputs.
+        target_logits: (B, T, V) target logits (from the last hidden state and frozen head).
+
+    Returns:
+        (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target) and `loss_{j}`.
+    """
+    cfg = drafter.config
+    b, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    draft_ids = drafter.draft_ids()
+    target_probs = torch.softmax(target_logits.float(), dim=-1)
+    target_argmax = target_probs.argmax(-1)
+    in_vocab = drafter.t2d[target_argmax]
+    draft_probs_target = target_probs[..., draft_ids]
+    draft_probs_target = draft_probs_target / draft_probs_target.sum(-1, keepdim=True).clamp_min(1e-12)
+
+    masks = ttt_masks(attention_mask, cfg.ttt_steps)
+    hidden = drafter.fuse(aux_hidden)
+    cache: list[KV] = []
+    total = hidden.new_zeros((), dtype=torch.float32)
+    metrics: dict[str, torch.Tensor] = {}
+    for j in range(cfg.ttt_steps):
+        tokens = shift_left(input_ids, 1 + j)
+        out, logits, kv = drafter.step(tokens, hidden, positions + j, masks[j], extra_kv=cache)
+        cache = [*cache, kv]
+        target_j = shift_left(draft_probs_target, 1 + j)
+        valid = (shift_left(loss_mask, 2 + j) > 0) & shift_left(in_vocab, 1 + j, False)
+        valid = valid & (torch.arange(t, device=valid.device)[None] < t - 2 - j)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        per_token = -(target_j * logp).sum(-1)
+        count = valid.sum().clamp_min(1)
+        step_loss = (per_token * valid).sum() / count
+        total = total + cfg.step_weight ** j * step_loss
+        hits = (draft_ids[logits.argmax(-1)] == shift_left(target_argmax, 1 + j)) & valid
+        metrics[f"loss_{j}"] = step_loss.detach()
+        metrics[f"acc_{j}"] = hits.sum().float() / count
+        hidden = out
+    return total, metrics

@@ -1,0 +1,154 @@
+"""Building blocks of the feature drafters: a Llama-style decoder layer whose attention can take a
+wider input (EAGLE-3's 2H), explicit RoPE positions, boolean masks and an external KV cache.
+
+The drafter's layer hyper-parameters come from the target's config (hidden size, heads, KV heads,
+head dim, RoPE, norm eps), so the same code serves Llama, Qwen2 and other Llama-like families.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def drafter_layer_config(target_config, **overrides) -> LlamaConfig:
+    """A one-layer Llama config mirroring the target's shapes, RoPE and norm eps."""
+    head_dim = getattr(target_config, "head_dim", None) or (
+        target_config.hidden_size // target_config.num_attention_heads)
+    rope = getattr(target_config, "rope_parameters", None) or {
+        "rope_type": "default", "rope_theta": getattr(target_config, "rope_theta", 10000.0)}
+    kwargs = dict(
+        vocab_size=target_config.vocab_size,
+        hidden_size=target_config.hidden_size,
+        intermediate_size=target_config.intermediate_size,
+        num_attention_heads=target_config.num_attention_heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", None)
+        or target_config.num_attention_heads,
+        head_dim=head_dim,
+        rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
+        rope_parameters=dict(rope),
+        max_position_embeddings=getattr(target_config, "max_position_embeddings", 4096),
+        hidden_act=getattr(target_config, "hidden_act", "silu"),
+        num_hidden_layers=1,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+class DraftAttention(nn.Module):
+    """Multi-head attention with GQA and RoPE whose projections take `input_size` features."""
+
+    def __init__(self, config: LlamaConfig, input_size: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(input_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[
+            torch.Tensor, KV]:
+        """Queries and (keys, values) for x. (B, T, in) -> (B, nh, T, hd), ((B, nkv, T, hd) x 2)"""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, (k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q k^T) v with a bool mask (True = visible) broadcastable to (B, nh, T, S)."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                             is_causal=False)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class DraftDecoderLayer(nn.Module):
+    """`h = residual + attn(attn_input)`, then `h + mlp(post_attention_layernorm(h))`.
+
+    The caller builds `attn_input` and `residual`: EAGLE-1 passes the fused input for both (no
+    input norm), EAGLE-3 passes `cat(input_layernorm(embed), hidden_norm(h))` and `h`, MTP passes
+    `input_layernorm(x)` and `x`. Norm modules that a variant needs are created by the variant.
+    """
+
+    def __init__(self, config: LlamaConfig, attn_input_size: int):
+        super().__init__()
+        self.self_attn = DraftAttention(config, attn_input_size)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, mask: torch.Tensor | None, past: KV | None = None,
+                extra_kv: list[KV] | None = None) -> tuple[torch.Tensor, KV]:
+        """Args:
+            attn_input: (B, T, in) input to q/k/v.
+            residual: (B, T, H).
+            cos, sin: RoPE tables for the T new positions.
+            mask: bool, broadcastable to (B, 1, T, S) over [past, extra_kv..., new] keys.
+            past: cached (keys, values) before the new ones, or None.
+            extra_kv: more (keys, values) blocks placed between past and new (training-time test).
+
+        Returns:
+            (output (B, T, H), (keys, values) of the new positions only).
+        """
+        q, (k, v) = self.self_attn.project_kv(attn_input, cos, sin)
+        keys, values = [k], [v]
+        for ek, ev in reversed(extra_kv or []):
+            keys.insert(0, ek)
+            values.insert(0, ev)
+        if past is not None:
+            keys.insert(0, past[0])
+            values.insert(0, past[1])
+        all_k = torch.cat(keys, dim=2) if len(keys) > 1 else k
+        all_v = torch.cat(values, dim=2) if len(values) > 1 else v
+        h = residual + self.self_attn.attend(q, all_k, all_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+
+class Rotary(nn.Module):
+    """RoPE tables for explicit position ids, from the drafter's config (non-persistent)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, like: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                torch.Tensor]:
+        return self.rotary(like, position_ids)
+
+
+def causal_mask(t: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, t, t) bool lower-triangular mask."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def padded_causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) causal mask that also hides padded keys; padded queries see themselves."""
+    t = attention_mask.shape[1]
+    mask = causal_mask(t, attention_mask.device) & attention_mask[:, None, None, :].bool()
+    return mask | torch.eye(t, dtype=torch.bool, device=attention_mask.device)[None, None]
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, n:] padded with `fill` at the end (dim 1)."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)

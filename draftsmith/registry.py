@@ -1,0 +1,132 @@
+"""The one place that names every drafter kind: how to build it, what target features it reads,
+and its loss. The training loop and the tests loop over `DRAFTERS`; they never branch on a kind.
+
+EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
+from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
+
+
+@dataclass
+class Features:
+    """What a drafter's loss reads from the frozen target for one batch.
+
+    Attributes:
+        input_ids, attention_mask, loss_mask: (B, T).
+        last_hidden: (B, T, H) the target's last hidden state (after the final norm).
+        aux_hidden: (B, T, H) target layer outputs a drafter asked for (EAGLE-3: low, mid, high).
+        target_logits: (B, T, V) = frozen head(last_hidden).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    last_hidden: torch.Tensor
+    aux_hidden: list[torch.Tensor]
+    target_logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """How one drafter kind is built and trained.
+
+    Attributes:
+        kind: registry name.
+        description: one line for `--help` and errors.
+        config_cls: its config dataclass (built from the recipe's `drafter:` section).
+        build: (target config, config) -> module.
+        aux_layers: (num target layers, config) -> 0-based layer outputs it needs besides the
+            last hidden state.
+        loss: (module, Features) -> (loss, metrics with `acc_{k}` per draft position).
+    """
+
+    kind: str
+    description: str
+    config_cls: type
+    build: Callable[[object, object], nn.Module]
+    aux_layers: Callable[[int, object], list[int]]
+    loss: Callable[[nn.Module, Features], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+    def make_config(self, values: dict | None = None):
+        """Build the config dataclass from a dict; unknown keys are an error listing valid ones."""
+        values = dict(values or {})
+        valid = {f.name for f in fields(self.config_cls)}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            raise DraftsmithError(f"unknown drafter setting(s) {unknown} for kind {self.kind!r}; "
+                                  f"valid: {sorted(valid)}")
+        try:
+            return self.config_cls(**values)
+        except (TypeError, ValueError) as err:
+            raise DraftsmithError(f"drafter settings for {self.kind!r}: {err}") from err
+
+
+DRAFTERS: dict[str, DrafterSpec] = {
+    spec.kind: spec
+    for spec in (
+        DrafterSpec(
+            kind="medusa",
+            description="Medusa heads on the last hidden state (Medusa-1; lora: true = Medusa-2)",
+            config_cls=MedusaConfig,
+            build=MedusaHeads,
+            aux_layers=lambda n, cfg: [],
+            loss=lambda m, f: medusa_loss(m, f.input_ids, f.loss_mask, f.last_hidden,
+                                          f.target_logits),
+        ),
+        DrafterSpec(
+            kind="eagle1",
+            description="EAGLE-1 feature drafter (decode with a dynamic tree for EAGLE-2)",
+            config_cls=Eagle1Config,
+            build=Eagle1Drafter,
+            aux_layers=lambda n, cfg: [],
+            loss=lambda m, f: eagle1_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
+                                          f.last_hidden, f.target_logits),
+        ),
+        DrafterSpec(
+            kind="eagle3",
+            description="EAGLE-3: fused low/mid/high features, training-time test, draft vocab",
+            config_cls=Eagle3Config,
+            build=Eagle3Drafter,
+            aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
+            loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
+                                          f.aux_hidden, f.target_logits),
+        ),
+    )
+}
+
+
+def get_spec(kind: str) -> DrafterSpec:
+    """Raises DraftsmithError for an unknown kind, listing the registered ones."""
+    if kind not in DRAFTERS:
+        raise DraftsmithError(f"unknown drafter kind {kind!r}; choose one of: {', '.join(DRAFTERS)}")
+    return DRAFTERS[kind]
+
+
+@torch.no_grad()
+def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    loss_mask: torch.Tensor, aux_layers: list[int]) -> Features:
+    """Run the frozen target once and collect what a drafter needs (online mode).
+
+    `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
+    """
+    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                 use_cache=False)
+    return Features(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        last_hidden=out.hidden_states[-1],
+        aux_hidden=[out.hidden_states[i + 1] for i in aux_layers],
+        target_logits=out.logits,
+    )
