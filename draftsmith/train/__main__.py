@@ -1,0 +1,27 @@
+"""`accelerate launch -m draftsmith.train --config RECIPE [section.key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftsmith.errors import DraftsmithError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="draftsmith.train", description=__doc__)
+    parser.add_argument("--config", required=True, help="recipe YAML (see recipes/)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=1e-4")
+    args = parser.parse_args(argv)
+    try:
+        from draftsmith.train.run import train_from_recipe
+
+        train_from_recipe(args.config, args.overrides)
+    except DraftsmithError as err:
+        print(f"draftsmith: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Checkpoints: resumable training state (accelerate) and the final drafter (safetensors + JSON).
+
+Both are written to a temporary folder and renamed, so a crash never leaves a checkpoint that
+looks complete but is not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+DRAFTER_CONFIG = "draftsmith_drafter.json"
+WEIGHTS = "model.safetensors"
+
+
+def _state_dir(out_dir: Path) -> Path:
+    return out_dir / "checkpoints"
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest complete training-state checkpoint, or None."""
+    folder = _state_dir(out_dir)
+    done = [p for p in folder.glob("step_*") if (p / "progress.json").is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def save_state(accelerator, out_dir: Path, step: int) -> Path:
+    """Model, optimizer, scheduler and RNG states plus the step (the data position)."""
+    final = _state_dir(out_dir) / f"step_{step}"
+    tmp = final.with_name(final.name + ".partial")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        (tmp / "progress.json").write_text(json.dumps({"step": step}) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.replace(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
+                 eval_metrics: dict, out_dir: Path) -> Path:
+    """Save the trained drafter's weights and what is needed to rebuild and check it."""
+    from safetensors.torch import save_file
+
+    final = out_dir / "drafter"
+    state = accelerator.get_state_dict(drafter)
+    if accelerator.is_main_process:
+        tmp = final.with_name(final.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()
+                   if not k.startswith("rotary.")}
+        save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
+        config = recipe.drafter_config()
+        meta = {
+            "kind": recipe.kind,
+            "drafter_config": asdict(config),
+            "target": recipe.target.name,
+            "target_config": target_config.to_dict(),
+            "aux_layers": getattr(drafter, "layer_ids", []),
+            "training_steps": step,
+            "num_processes": accelerator.num_processes,
+            "eval": eval_metrics,
+            "recipe": recipe.to_dict(),
+        }
+        (tmp / DRAFTER_CONFIG).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.replace(final)
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,206 @@
+"""The training loop: one loop for every drafter kind, on accelerate (CPU, one GPU, DDP or FSDP).
+
+Reads top to bottom: set up accelerate, load the frozen target, build the drafter from the
+registry, split the data, optionally resume, then per step compute the target's features (online)
+and the drafter's own loss. The loop never branches on the drafter kind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.registry import get_spec, target_features
+from draftsmith.train.batching import collate, epoch_order, split_examples
+from draftsmith.train.checkpoint import latest_checkpoint, save_drafter, save_state
+from draftsmith.train.metrics import MetricsLog, simulated_tau
+from draftsmith.train.recipe import Recipe
+
+
+def make_accelerator(recipe: Recipe):
+    """Accelerator on CUDA when present, else CPU (so `--multi_gpu` on a CPU host gives a real
+    multi-process gloo run; `--cpu --num_processes 2` would silently start one process)."""
+    from accelerate import Accelerator
+
+    log_with = None
+    if recipe.train.wandb:
+        if not os.environ.get("WANDB_API_KEY"):
+            os.environ.setdefault("WANDB_MODE", "offline")
+        log_with = "wandb"
+    return Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=recipe.train.mixed_precision,
+        gradient_accumulation_steps=recipe.train.grad_accum,
+        log_with=log_with,
+        project_dir=recipe.train.output_dir,
+    )
+
+
+class LossModule(torch.nn.Module):
+    """Wraps a drafter so its loss runs through `forward`, as DDP and FSDP require."""
+
+    def __init__(self, drafter: torch.nn.Module, loss_fn):
+        super().__init__()
+        self.drafter = drafter
+        self.loss_fn = loss_fn
+
+    def forward(self, features):
+        return self.loss_fn(self.drafter, features)
+
+
+def cosine_with_warmup(optimizer, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@torch.no_grad()
+def evaluate(model: LossModule, target, batches, aux_layers, accelerator) -> dict:
+    """Mean per-position accuracy (against the target's own choices) and simulated tau."""
+    model.eval()
+    sums: dict[str, float] = {}
+    count = 0
+    for batch in batches:
+        features = target_features(target, batch["input_ids"], batch["attention_mask"],
+                                   batch["loss_mask"], aux_layers)
+        _, metrics = model(features)
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+        count += 1
+    model.train()
+    if not count:
+        return {}
+    totals = torch.tensor([sums[k] for k in sorted(sums)] + [count], dtype=torch.float64,
+                          device=accelerator.device)
+    totals = accelerator.reduce(totals, reduction="sum")
+    means = {k: float(v) / float(totals[-1]) for k, v in zip(sorted(sums), totals[:-1], strict=True)}
+    accs = [means[f"acc_{k}"] for k in range(len(means)) if f"acc_{k}" in means]
+    return {**{f"eval/{k}": v for k, v in means.items()}, "eval/simulated_tau": simulated_tau(accs)}
+
+
+def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
+    """Train a drafter on tokenized `examples` ({"input_ids", "loss_mask"} lists of ints).
+
+    Args:
+        recipe: validated recipe.
+        examples: the training data (rendered conversations).
+        target: an already loaded frozen target model (tests); None loads `recipe.target`.
+
+    Returns:
+        The folder of the final drafter (safetensors + config).
+    """
+    from accelerate.utils import set_seed
+
+    cfg = recipe.train
+    accelerator = make_accelerator(recipe)
+    set_seed(cfg.seed)
+    out_dir = Path(cfg.output_dir)
+    spec = get_spec(recipe.kind)
+    drafter_config = recipe.drafter_config()
+
+    if target is None:
+        from draftsmith.target import load_target
+
+        target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
+                             trust_remote_code=recipe.target.trust_remote_code).model
+    target.requires_grad_(False).eval().to(accelerator.device)
+    drafter = spec.build(target.config, drafter_config)
+    drafter.init_from_target(target)
+    aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
+
+    train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed)
+    if len(train_set) < cfg.batch_size * accelerator.num_processes:
+        raise DraftsmithError(f"only {len(train_set)} training sequences for a global batch of "
+                              f"{cfg.batch_size * accelerator.num_processes}: add data or lower "
+                              "train.batch_size")
+    model = LossModule(drafter, spec.loss)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95),
+                                  weight_decay=cfg.weight_decay)
+    scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # The schedule counts optimizer steps. A prepared scheduler would step once per process
+    # (accelerate's sample-based convention), so it is stepped here and checkpointed explicitly.
+    accelerator.register_for_checkpointing(scheduler)
+    eval_loader = accelerator.prepare(DataLoader(
+        eval_set, batch_size=cfg.batch_size, collate_fn=lambda b: collate(b, cfg.max_length)))
+
+    step = 0
+    resume = latest_checkpoint(out_dir)
+    if resume is not None:
+        accelerator.load_state(str(resume))
+        step = json.loads((resume / "progress.json").read_text())["step"]
+        accelerator.print(f"resuming from {resume} at step {step}")
+
+    if cfg.wandb:
+        accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
+    log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
+    micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
+    micro_done = step * cfg.grad_accum
+    progress = _progress_bar(accelerator, cfg.max_steps, step)
+    start = time.perf_counter()
+    while step < cfg.max_steps:
+        epoch = micro_done // micro_per_epoch
+        order = epoch_order(len(train_set), cfg.seed, epoch)
+        loader = accelerator.prepare(DataLoader(
+            [train_set[i] for i in order], batch_size=cfg.batch_size, drop_last=True,
+            collate_fn=lambda b: collate(b, cfg.max_length)))
+        skip = micro_done - epoch * micro_per_epoch
+        if skip:
+            loader = accelerator.skip_first_batches(loader, skip)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                features = target_features(target, batch["input_ids"], batch["attention_mask"],
+                                           batch["loss_mask"], aux_layers)
+                with accelerator.autocast():
+                    loss, metrics = model(features)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.clip > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            micro_done += 1
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            loss = loss.detach()
+            row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
+                   **{k: float(v) for k, v in metrics.items()},
+                   "seconds": time.perf_counter() - start}
+            log.write(row)
+            progress.update(1)
+            progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                log.write({"step": step, **evaluate(model, target, eval_loader, aux_layers,
+                                                    accelerator)})
+            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+                save_state(accelerator, out_dir, step)
+            if step >= cfg.max_steps:
+                break
+    progress.close()
+    final_eval = evaluate(model, target, eval_loader, aux_layers, accelerator)
+    log.write({"step": step, **final_eval})
+    path = save_drafter(accelerator, accelerator.unwrap_model(model).drafter, recipe,
+                        target.config, step, final_eval, out_dir)
+    accelerator.end_training()
+    return path
+
+
+def _progress_bar(accelerator, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step",
+                disable=not accelerator.is_main_process)
