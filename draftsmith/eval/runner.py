@@ -18,9 +18,11 @@ from draftsmith.errors import DraftsmithError
 
 @dataclass
 class ForwardOutput:
-    """Logits (n, V) for the new tokens, and hidden states when asked: tuple of (n, H) per layer."""
+    """Logits (k, V) for the kept positions, the last hidden state (n, H) (after the final norm)
+    of every new token, and every layer's hidden states when asked: tuple of (n, H)."""
 
     logits: torch.Tensor
+    last_hidden: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
@@ -118,7 +120,7 @@ class CausalLMRunner:
         hidden = None
         if self.output_hidden_states:
             hidden = tuple(h[0] for h in out.hidden_states)
-        return ForwardOutput(logits=logits, hidden_states=hidden)
+        return ForwardOutput(logits=logits, last_hidden=last, hidden_states=hidden)
 
     @torch.inference_mode()
     def commit(self, keep: list[int] | None = None) -> None:

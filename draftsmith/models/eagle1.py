@@ -71,6 +71,16 @@ class Eagle1Drafter(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(features)
 
+    def target_feature(self, last_hidden: torch.Tensor, hidden_states, index) -> torch.Tensor:
+        """Drafter input features of target positions `index`: the last hidden state. (m, H)"""
+        return last_hidden[index]
+
+    def draft(self, tokens, features, position_ids, mask, past=None):
+        """Decode-time step on one sequence: (m,) tokens, (m, H) features ->
+        (next features (m, H), log-probs over the target vocab (m, V), new (keys, values))."""
+        predicted, kv = self.step(tokens[None], features[None], position_ids[None], mask, past)
+        return predicted[0], torch.log_softmax(self.logits(predicted[0]).float(), -1), kv
+
 
 def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, features: torch.Tensor,

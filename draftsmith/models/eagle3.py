@@ -117,6 +117,19 @@ class Eagle3Drafter(nn.Module):
         """fc(cat(low, mid, high)): target features -> drafter hidden. (..., H)"""
         return self.fc(torch.cat(aux_hidden, dim=-1).to(self.fc.weight.dtype))
 
+    def target_feature(self, last_hidden: torch.Tensor, hidden_states, index) -> torch.Tensor:
+        """Drafter input of target positions `index`: fc of the fused layer outputs. (m, H)"""
+        return self.fuse([hidden_states[layer + 1][index] for layer in self.layer_ids])
+
+    def draft(self, tokens, hidden, position_ids, mask, past=None):
+        """Decode-time step on one sequence: (m,) tokens, (m, H) hidden ->
+        (next hidden (m, H), log-probs over the target vocab (m, V), new (keys, values))."""
+        out, logits, kv = self.step(tokens[None], hidden[None], position_ids[None], mask, past)
+        logp = torch.log_softmax(logits[0].float(), -1)
+        full = logp.new_full((logp.shape[0], self.t2d.shape[0]), float("-inf"))
+        full[:, self.draft_ids()] = logp
+        return out[0], full, kv
+
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, past: KV | None = None,
              extra_kv: list[KV] | None = None) -> tuple[torch.Tensor, torch.Tensor, KV]:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-DRAFTER_CONFIG = "draftsmith_drafter.json"
-WEIGHTS = "model.safetensors"
+from draftsmith.models.loading import DRAFTER_CONFIG, WEIGHTS
 
 
 def _state_dir(out_dir: Path) -> Path:
