@@ -9,7 +9,6 @@ from draftsmith.errors import DraftsmithError
 
 NOT_YET = {
     "data": ("prepare conversations, regenerate responses, cache hidden states", 3),
-    "train": ("train a drafter from a recipe", 7),
     "export": ("export a checkpoint for vLLM / SGLang / reference code", 5),
     "push": ("push an exported drafter to the Hugging Face Hub", 5),
     "bench": ("train and evaluate every drafter kind on real targets", 6),
@@ -64,6 +63,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from draftsmith.train.run import train_from_recipe
+
+    path = train_from_recipe(args.config, args.overrides)
+    print(path)
+    return 0
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -74,10 +81,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
     from draftsmith.eval.sampling import SamplingConfig
 
-    if args.drafter:
-        raise DraftsmithError("--drafter checkpoints are not supported yet (trained drafters land "
-                              "with issue #7); use --draft-model or the prompt_lookup method")
     methods = list(_csv(args.methods))
+    if args.drafter and "drafter" not in methods and not any(m.startswith("drafter") for m in methods):
+        methods.append("drafter")
     if args.baselines:
         methods += ["prompt_lookup", "hf_generate", "hf_prompt_lookup"]
         if args.draft_model:
@@ -90,7 +96,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
     config = EvalConfig(
-        target=args.target, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+        target=args.target, draft_model=args.draft_model, drafter=args.drafter, dtype=args.dtype, device=args.device,
         bench=_csv(args.bench), limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), sampling=sampling,
         settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
@@ -120,14 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.set_defaults(func=cmd_generate)
 
+    train = verbs.add_parser("train", help="train a drafter from a recipe (one process; use "
+                             "`accelerate launch -m draftsmith.train` for several)")
+    train.add_argument("--config", required=True, help="recipe YAML (see recipes/)")
+    train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=1e-4")
+    train.set_defaults(func=cmd_train)
+
     ev = verbs.add_parser("eval", help="speculative decoding: tau, acceptance, speedup vs baselines")
     _add_target_args(ev)
     ev.set_defaults(dtype="bfloat16")
-    ev.add_argument("--drafter", help="trained drafter checkpoint (lands with issue #7)")
+    ev.add_argument("--drafter", help="trained drafter folder (from `draftsmith train`); adds the "
+                    "`drafter` method")
     ev.add_argument("--draft-model", help="classic draft model spec (same tokenizer as the target)")
     ev.add_argument("--methods", default="plain,prompt_lookup",
-                    help="comma list: plain, prompt_lookup, draft_model, draft_model_tree, "
-                    "hf_generate, hf_assisted, hf_prompt_lookup")
+                    help="comma list: plain, prompt_lookup, draft_model, draft_model_tree, drafter, "
+                    "drafter_chain, drafter_static, drafter_dynamic, hf_generate, hf_assisted, "
+                    "hf_prompt_lookup")
     ev.add_argument("--baselines", action="store_true",
                     help="add prompt lookup, HF generate / prompt lookup, and with --draft-model "
                     "the classic draft model and HF assisted generation")

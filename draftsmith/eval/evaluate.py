@@ -21,12 +21,19 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_total_tokens
 from draftsmith.eval.decode import generate
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
-from draftsmith.eval.methods import NEEDS_DRAFT, ProposerSettings, check_methods, make_proposer
+from draftsmith.eval.methods import (
+    NEEDS_DRAFT,
+    NEEDS_DRAFTER,
+    ProposerSettings,
+    check_methods,
+    make_proposer,
+)
 from draftsmith.eval.metrics import RunRecord, summarize_all
 from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import format_table, write_json, write_plots
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.models.loading import load_drafter
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.target import load_target
 
@@ -38,6 +45,7 @@ class EvalConfig:
     Attributes:
         target: target spec (offline name, folder, .gguf or Hub id).
         draft_model: classic draft model spec for draft methods, or None.
+        drafter: trained drafter folder for the `drafter*` methods, or None.
         dtype, device: for target and draft model.
         bench: prompt sets (mt_bench, humaneval, gsm8k).
         limit: items per set.
@@ -54,6 +62,7 @@ class EvalConfig:
 
     target: str = DEFAULT_TARGET
     draft_model: str | None = None
+    drafter: str | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"
     bench: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k")
@@ -73,7 +82,7 @@ class EvalConfig:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
         if not self.methods or self.methods[0] != "plain":
             self.methods = ("plain", *[m for m in self.methods if m != "plain"])
-        check_methods(list(self.methods), self.draft_model is not None)
+        check_methods(list(self.methods), self.draft_model is not None, self.drafter is not None)
 
 
 def git_commit() -> str | None:
@@ -95,11 +104,13 @@ def hardware() -> str:
 class MethodRunner:
     """Runs one method on one prompt and returns its tokens and record."""
 
-    def __init__(self, config: EvalConfig, target, draft_model):
+    def __init__(self, config: EvalConfig, target, draft_model, drafter=None):
         self.config = config
         self.target = target
         self.draft_model = draft_model
+        self.drafter = drafter
         self.runner = CausalLMRunner(target.model)
+        self.hidden_runner = CausalLMRunner(target.model, output_hidden_states=True)
         self.eos = target.eos_token_ids
 
     def run(self, method: str, prompt_ids: list[int], max_new_tokens: int,
@@ -110,8 +121,9 @@ class MethodRunner:
                                           self.eos, cfg.sampling, self.draft_model,
                                           cfg.settings.lookup_tokens)
             return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
-        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model)
-        result = generate(self.runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
+        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model, self.drafter)
+        runner = self.hidden_runner if getattr(proposer, "needs_hidden_states", False) else self.runner
+        result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
         return result.tokens, RunRecord(
             method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
             result.prefill_seconds, result.draft_seconds, result.verify_seconds,
@@ -144,6 +156,11 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         draft_model = load_target(config.draft_model, dtype=config.dtype, device=config.device,
                                   trust_remote_code=config.trust_remote_code).model
         check_same_vocab(target.model, draft_model)
+    drafter = None
+    if any(m in NEEDS_DRAFTER for m in config.methods):
+        drafter = load_drafter(config.drafter, target.model)
+        log(f"drafter: {drafter.kind} from {config.drafter} "
+            f"({drafter.meta.get('training_steps', '?')} training steps)")
     tokenizer = target.tokenizer
     tree_budget = None
     if config.autotune_tree and "draft_model_tree" in config.methods:
@@ -151,7 +168,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         config = replace(config, settings=replace(
             config.settings, tree=replace(config.settings.tree,
                                           total_tokens=tree_budget.total_tokens)))
-    runner = MethodRunner(config, target, draft_model)
+    runner = MethodRunner(config, target, draft_model, drafter)
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}])
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
@@ -194,6 +211,9 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         "commit": git_commit(),
         "torch": torch.__version__,
         "tree_budget": asdict(tree_budget) if tree_budget else None,
+        "drafter": ({"kind": drafter.kind, "path": config.drafter,
+                     "training_steps": drafter.meta.get("training_steps"),
+                     "target": drafter.meta.get("target")} if drafter else None),
         "summary": table,
         "records": [r.to_dict() for r in records],
     }

@@ -10,8 +10,10 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.hf_baselines import HF_METHODS
 from draftsmith.eval.proposers.base import NoDraftProposer, Proposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
+from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.eval.proposers.medusa import MedusaProposer
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
-from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.sampling import SamplingConfig
 
 OUR_METHODS = {
@@ -19,9 +21,15 @@ OUR_METHODS = {
     "prompt_lookup": "n-gram prompt lookup, chain",
     "draft_model": "classic draft model, chain (needs --draft-model)",
     "draft_model_tree": "classic draft model, EAGLE-2 dynamic tree (needs --draft-model)",
+    "drafter": "trained drafter with its kind's default tree (needs --drafter)",
+    "drafter_chain": "trained drafter, chain of top-1 drafts",
+    "drafter_static": "trained drafter, static tree (Medusa / EAGLE-1)",
+    "drafter_dynamic": "trained feature drafter, dynamic tree (EAGLE-2 / EAGLE-3)",
 }
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
+NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
+DEFAULT_TREE = {"medusa": "static", "eagle1": "static", "eagle3": "dynamic"}
 
 
 @dataclass(frozen=True)
@@ -41,18 +49,40 @@ class ProposerSettings:
     tree: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
 
 
-def check_methods(methods: list[str], has_draft: bool) -> None:
-    """Raise a clear error for unknown methods or draft methods without a draft model."""
+def check_methods(methods: list[str], has_draft: bool, has_drafter: bool = False) -> None:
+    """Raise a clear error for unknown methods or draft methods without their model."""
     for method in methods:
         if method not in ALL_METHODS:
             raise DraftsmithError(f"unknown method {method!r}; choose from: {', '.join(ALL_METHODS)}")
         if method in NEEDS_DRAFT and not has_draft:
             raise DraftsmithError(f"method {method!r} needs a classic draft model: add --draft-model")
+        if method in NEEDS_DRAFTER and not has_drafter:
+            raise DraftsmithError(f"method {method!r} needs a trained drafter: add --drafter DIR")
+
+
+def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
+    """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape."""
+    shape = DEFAULT_TREE[drafter.kind] if method == "drafter" else method.split("_", 1)[1]
+    name = f"{drafter.kind}_{shape}"
+    if drafter.kind == "medusa":
+        if shape == "dynamic":
+            raise DraftsmithError("Medusa heads are not autoregressive: use drafter_static or "
+                                  "drafter_chain")
+        choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
+        proposer = MedusaProposer(drafter.module, choices)
+        proposer.name = name
+        return proposer
+    if shape == "dynamic":
+        return FeatureDrafterProposer(drafter.module, dynamic=settings.tree, name=name)
+    choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
+    return FeatureDrafterProposer(drafter.module, choices, name=name)
 
 
 def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,
-                  draft_model: torch.nn.Module | None = None) -> Proposer:
+                  draft_model: torch.nn.Module | None = None, drafter=None) -> Proposer:
     """A fresh proposer for one of draftsmith's own methods."""
+    if method in NEEDS_DRAFTER:
+        return make_drafter_proposer(method, drafter, settings)
     if method == "plain":
         return NoDraftProposer()
     if method == "prompt_lookup":
