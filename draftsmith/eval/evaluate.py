@@ -33,7 +33,7 @@ from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import format_table, write_json, write_plots
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.eval.sampling import SamplingConfig
-from draftsmith.models.loading import load_drafter
+from draftsmith.models.loading import load_drafter, merge_lora
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.target import load_target
 
@@ -161,6 +161,10 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         drafter = load_drafter(config.drafter, target.model)
         log(f"drafter: {drafter.kind} from {config.drafter} "
             f"({drafter.meta.get('training_steps', '?')} training steps)")
+        if drafter.meta.get("lora"):
+            target.model = merge_lora(target.model, config.drafter)
+            log("Medusa-2: the target's LoRA adapter is merged in; every method decodes with the "
+                "adapted target")
     tokenizer = target.tokenizer
     tree_budget = None
     if config.autotune_tree and "draft_model_tree" in config.methods:

@@ -72,3 +72,15 @@ def load_drafter(folder: str | Path, target: nn.Module) -> LoadedDrafter:
     module.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
     return LoadedDrafter(kind=meta["kind"], module=module, meta=meta)
 
+
+
+def merge_lora(target: nn.Module, folder: str | Path) -> nn.Module:
+    """The target with a Medusa-2 drafter's LoRA adapter (`folder/lora`) merged in: the model that
+    Medusa-2 decodes with (its own greedy output is the reference)."""
+    from peft import PeftModel
+
+    adapter = Path(folder) / "lora"
+    if not (adapter / "adapter_model.safetensors").is_file():
+        raise DraftsmithError(f"{adapter} has no adapter_model.safetensors; the drafter's metadata "
+                              "says it was trained with LoRA (Medusa-2)")
+    return PeftModel.from_pretrained(target, str(adapter)).merge_and_unload().eval()

@@ -44,8 +44,9 @@ def save_state(accelerator, out_dir: Path, step: int) -> Path:
 
 
 def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
-                 eval_metrics: dict, out_dir: Path) -> Path:
-    """Save the trained drafter's weights and what is needed to rebuild and check it."""
+                 eval_metrics: dict, out_dir: Path, lora_target=None) -> Path:
+    """Save the trained drafter's weights and what is needed to rebuild and check it; with a
+    LoRA-trained target (Medusa-2) its adapter goes to `lora/` (safetensors)."""
     from safetensors.torch import save_file
 
     final = out_dir / "drafter"
@@ -57,6 +58,8 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()
                    if not k.startswith("rotary.")}
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
+        if lora_target is not None:
+            lora_target.save_pretrained(tmp / "lora", safe_serialization=True)
         config = recipe.drafter_config()
         meta = {
             "kind": recipe.kind,
@@ -66,6 +69,7 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
             "aux_layers": getattr(drafter, "layer_ids", []),
             "training_steps": step,
             "num_processes": accelerator.num_processes,
+            "lora": lora_target is not None,
             "eval": eval_metrics,
             "recipe": recipe.to_dict(),
         }

@@ -20,6 +20,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec, target_features
 from draftsmith.train.batching import collate, epoch_order, split_examples
 from draftsmith.train.checkpoint import latest_checkpoint, save_drafter, save_state
+from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
 from draftsmith.train.recipe import Recipe
 
@@ -44,15 +45,29 @@ def make_accelerator(recipe: Recipe):
 
 
 class LossModule(torch.nn.Module):
-    """Wraps a drafter so its loss runs through `forward`, as DDP and FSDP require."""
+    """Runs target features and the drafter's loss in `forward`, as DDP and FSDP require.
 
-    def __init__(self, drafter: torch.nn.Module, loss_fn):
+    A frozen target is kept out of the module tree (not wrapped, not checkpointed); a target
+    trained jointly through LoRA (Medusa-2) is a submodule so its adapters train and are saved.
+    """
+
+    def __init__(self, drafter, spec, target, aux_layers: list[int], joint: bool):
         super().__init__()
         self.drafter = drafter
-        self.loss_fn = loss_fn
+        self.spec = spec
+        self.aux_layers = aux_layers
+        self.joint = joint
+        if joint:
+            self.target = target
+        else:
+            self._frozen_target = [target]
 
-    def forward(self, features):
-        return self.loss_fn(self.drafter, features)
+    def forward(self, batch: dict):
+        if self.joint:
+            return medusa2_loss(self.drafter, self.target, batch)
+        features = target_features(self._frozen_target[0], batch["input_ids"],
+                                   batch["attention_mask"], batch["loss_mask"], self.aux_layers)
+        return self.spec.loss(self.drafter, features)
 
 
 def cosine_with_warmup(optimizer, warmup: int, total: int):
@@ -66,15 +81,13 @@ def cosine_with_warmup(optimizer, warmup: int, total: int):
 
 
 @torch.no_grad()
-def evaluate(model: LossModule, target, batches, aux_layers, accelerator) -> dict:
+def evaluate(model: LossModule, batches, accelerator) -> dict:
     """Mean per-position accuracy (against the target's own choices) and simulated tau."""
     model.eval()
     sums: dict[str, float] = {}
     count = 0
     for batch in batches:
-        features = target_features(target, batch["input_ids"], batch["attention_mask"],
-                                   batch["loss_mask"], aux_layers)
-        _, metrics = model(features)
+        _, metrics = model(batch)
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
         count += 1
@@ -118,16 +131,21 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
     drafter = spec.build(target.config, drafter_config)
     drafter.init_from_target(target)
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
+    joint = bool(getattr(drafter_config, "lora", False))
+    if joint:
+        target = wrap_with_lora(target, drafter_config)
 
     train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed)
     if len(train_set) < cfg.batch_size * accelerator.num_processes:
         raise DraftsmithError(f"only {len(train_set)} training sequences for a global batch of "
                               f"{cfg.batch_size * accelerator.num_processes}: add data or lower "
                               "train.batch_size")
-    model = LossModule(drafter, spec.loss)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95),
-                                  weight_decay=cfg.weight_decay)
+    model = LossModule(drafter, spec, target, aux_layers, joint)
+    groups = [{"params": [p for p in drafter.parameters() if p.requires_grad], "lr": cfg.lr}]
+    if joint:  # Medusa-2: the backbone's adapters learn 4x slower than the heads
+        groups.append({"params": [p for p in target.parameters() if p.requires_grad],
+                       "lr": cfg.lr / 4})
+    optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     # The schedule counts optimizer steps. A prepared scheduler would step once per process
@@ -161,10 +179,8 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
             loader = accelerator.skip_first_batches(loader, skip)
         for batch in loader:
             with accelerator.accumulate(model):
-                features = target_features(target, batch["input_ids"], batch["attention_mask"],
-                                           batch["loss_mask"], aux_layers)
                 with accelerator.autocast():
-                    loss, metrics = model(features)
+                    loss, metrics = model(batch)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.clip > 0:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -184,17 +200,17 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
             progress.update(1)
             progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                log.write({"step": step, **evaluate(model, target, eval_loader, aux_layers,
-                                                    accelerator)})
+                log.write({"step": step, **evaluate(model, eval_loader, accelerator)})
             if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
                 save_state(accelerator, out_dir, step)
             if step >= cfg.max_steps:
                 break
     progress.close()
-    final_eval = evaluate(model, target, eval_loader, aux_layers, accelerator)
+    final_eval = evaluate(model, eval_loader, accelerator)
     log.write({"step": step, **final_eval})
-    path = save_drafter(accelerator, accelerator.unwrap_model(model).drafter, recipe,
-                        target.config, step, final_eval, out_dir)
+    unwrapped = accelerator.unwrap_model(model)
+    path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
+                        out_dir, lora_target=unwrapped.target if joint else None)
     accelerator.end_training()
     return path
 

@@ -105,3 +105,24 @@ def test_recipe_errors_name_the_key_and_the_choices():
         build_recipe({"drafter": {"kind": "medusa"}, "train": {"batch_size": 0}})
     recipe = build_recipe({"drafter": {"kind": "medusa"}, "train": {"lr": "1e-4"}})
     assert recipe.train.lr == 1e-4
+
+
+def test_medusa2_trains_lora_adapters_and_heads_but_not_the_base(tmp_path):
+    target = tiny_target("llama")
+    base = {n: p.clone() for n, p in target.named_parameters()}
+    recipe = build_recipe({"drafter": {"kind": "medusa", "num_heads": 2, "lora": True,
+                                       "lora_r": 4, "lora_alpha": 8},
+                           "train": {"batch_size": 4, "max_steps": 5, "warmup_steps": 0,
+                                     "lr": 1e-2, "output_dir": str(tmp_path / "m2")}})
+    out = run_training(recipe, examples(), target=target)
+    adapter = load_file(out / "lora" / "adapter_model.safetensors")
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b), "LoRA B starts at zero and must move"
+    for name, param in target.named_parameters():  # peft injected the adapters in place
+        if "lora_" not in name:
+            key = name.replace("base_layer.", "")
+            assert torch.equal(param, base[key]), f"base weight {name} changed"
+    meta = json.loads((out / "draftsmith_drafter.json").read_text())
+    assert meta["lora"] is True
+    rows = [json.loads(r) for r in (tmp_path / "m2" / "metrics.jsonl").read_text().splitlines()]
+    assert "distill_kl" in rows[0]
