@@ -16,6 +16,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
+from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
 
 
 @dataclass
@@ -101,6 +102,15 @@ DRAFTERS: dict[str, DrafterSpec] = {
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
                                           f.aux_hidden, f.target_logits),
+        ),
+        DrafterSpec(
+            kind="mtp",
+            description="DeepSeek-V3-style multi-token prediction modules (chain drafts)",
+            config_cls=MTPConfig,
+            build=MTPDrafter,
+            aux_layers=lambda n, cfg: [],
+            loss=lambda m, f: mtp_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
+                                       f.last_hidden, f.target_logits),
         ),
     )
 }

@@ -12,6 +12,7 @@ from draftsmith.eval.proposers.base import NoDraftProposer, Proposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
 from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
 from draftsmith.eval.proposers.medusa import MedusaProposer
+from draftsmith.eval.proposers.mtp import MTPProposer
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.sampling import SamplingConfig
@@ -29,7 +30,7 @@ OUR_METHODS = {
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
-DEFAULT_TREE = {"medusa": "static", "eagle1": "static", "eagle3": "dynamic"}
+DEFAULT_TREE = {"medusa": "static", "eagle1": "static", "eagle3": "dynamic", "mtp": "chain"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> P
     """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape."""
     shape = DEFAULT_TREE[drafter.kind] if method == "drafter" else method.split("_", 1)[1]
     name = f"{drafter.kind}_{shape}"
+    if drafter.kind == "mtp":
+        if shape != "chain":
+            raise DraftsmithError("MTP modules draft a chain: use drafter or drafter_chain")
+        return MTPProposer(drafter.module)
     if drafter.kind == "medusa":
         if shape == "dynamic":
             raise DraftsmithError("Medusa heads are not autoregressive: use drafter_static or "

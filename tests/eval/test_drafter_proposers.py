@@ -10,6 +10,7 @@ import torch
 from draftsmith.eval.decode import generate
 from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
 from draftsmith.eval.proposers.medusa import MedusaProposer
+from draftsmith.eval.proposers.mtp import MTPProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.models.layers import causal_mask, shift_left
@@ -36,7 +37,9 @@ def proposers(target):
     medusa = drafter_for("medusa", target, num_heads=3)
     eagle1 = drafter_for("eagle1", target)
     eagle3 = drafter_for("eagle3", target, draft_vocab_size=100)
+    mtp = drafter_for("mtp", target, num_modules=3)
     return {
+        "mtp_chain": MTPProposer(mtp),
         "medusa_static": MedusaProposer(medusa),
         "eagle1_static": FeatureDrafterProposer(eagle1, DEFAULT_CHOICES),
         "eagle1_chain": FeatureDrafterProposer(eagle1, chain_choices(4)),
@@ -112,3 +115,48 @@ def test_decode_time_drafts_equal_training_time_predictions(kind):
         # the root sits at root_position; training position root_position - 1 predicts the token
         # after the root from (root, feature of the position before it)
         torch.testing.assert_close(scores, logp[root_position - 1, tokens], rtol=1e-4, atol=1e-4)
+
+
+class ChainRecorder:
+    """Records (root position, drafted chain) of each step."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.rows = inner, inner.name, []
+
+    def reset(self, context, target_out):
+        self.position = len(context)
+        self.inner.reset(context, target_out)
+
+    def propose(self, root, max_depth):
+        tree = self.inner.propose(root, max_depth)
+        self.rows.append((self.position, tree.tokens[1:].tolist()))
+        return tree
+
+    def observe(self, path_tokens, target_out, path):
+        self.position += len(path_tokens)
+        self.inner.observe(path_tokens, target_out, path)
+
+
+def test_mtp_decode_time_drafts_equal_training_time_predictions():
+    target = tiny_target("qwen2")
+    drafter = drafter_for("mtp", target, num_modules=3)
+    prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    recorder = ChainRecorder(MTPProposer(drafter))
+    result = generate(CausalLMRunner(target), recorder, prompt, 20)
+    full = prompt + result.tokens
+    checked = 0
+    for root, drafts in recorder.rows:
+        # teacher-force the verified prefix up to the root followed by this step's own drafts:
+        # module k at position root - 1 must reproduce draft k
+        sequence = torch.tensor([full[:root + 1] + drafts])
+        mask = torch.ones_like(sequence)
+        t = sequence.shape[1]
+        hidden = target_features(target, sequence, mask, mask, []).last_hidden
+        with torch.no_grad():
+            for k, token in enumerate(drafts):
+                hidden, logits, _ = drafter.module_step(
+                    k, shift_left(sequence, k + 1), hidden, torch.arange(t)[None],
+                    causal_mask(t, sequence.device))
+                assert token == int(logits[0, root - 1].argmax()), (root, k)
+                checked += 1
+    assert checked >= 2 * len(recorder.rows)

@@ -11,7 +11,7 @@ from draftsmith.registry import DRAFTERS, get_spec, target_features
 
 from tiny_targets import FAMILIES, tiny_target
 
-SMALL = {"medusa": {"num_heads": 3}, "eagle1": {}, "eagle3": {"draft_vocab_size": 96,
+SMALL = {"medusa": {"num_heads": 3}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
                                                               "ttt_steps": 3}}
 
 

@@ -17,7 +17,7 @@ from draftsmith.train.recipe import build_recipe
 
 from tiny_targets import tiny_target
 
-SMALL = {"medusa": {"num_heads": 2}, "eagle1": {}, "eagle3": {"draft_vocab_size": 96,
+SMALL = {"medusa": {"num_heads": 2}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
                                                               "ttt_steps": 2}}
 
 

@@ -1,0 +1,125 @@
+"""DeepSeek-V3-style multi-token prediction (MTP) modules trained on a frozen target.
+
+Module k (1-based) at position i reads `enorm(embed(t_{i+k}))` and `hnorm(h^{k-1}_i)` (h^0 is the
+target's last hidden state), projects their concatenation with `eh_proj` (embedding first), runs
+one decoder block and predicts t_{i+k+1} through `shared_head.norm` and the target's frozen head.
+Module weight names follow DeepSeek-V3's MTP layers (`layers.{k}.enorm`, `.hnorm`, `.eh_proj`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from draftsmith.models.layers import (
+    KV,
+    DraftDecoderLayer,
+    Rotary,
+    drafter_layer_config,
+    padded_causal_mask,
+    shift_left,
+)
+
+
+@dataclass
+class MTPConfig:
+    """MTP settings.
+
+    Attributes:
+        num_modules: K sequential modules (K draft tokens per step).
+        step_weight: beta; module k's loss weight is beta^(k-1), normalised to sum to 1 (FastMTP).
+    """
+
+    num_modules: int = 2
+    step_weight: float = 0.6
+
+    def __post_init__(self):
+        if self.num_modules < 1:
+            raise ValueError(f"num_modules={self.num_modules} must be >= 1")
+
+
+class SharedHead(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.norm = LlamaRMSNorm(hidden, eps)
+
+
+class MTPModule(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = LlamaRMSNorm(hidden, eps)
+        self.hnorm = LlamaRMSNorm(hidden, eps)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.input_layernorm = LlamaRMSNorm(hidden, eps)
+        self.block = DraftDecoderLayer(config, hidden)
+        self.shared_head = SharedHead(hidden, eps)
+
+    def forward(self, embeds, hidden, cos, sin, mask, past=None) -> tuple[torch.Tensor, KV]:
+        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
+        return self.block(self.input_layernorm(x), x, cos, sin, mask, past)
+
+
+class MTPDrafter(nn.Module):
+    """K MTP modules sharing the target's frozen embedding and head."""
+
+    kind = "mtp"
+
+    def __init__(self, target_config, config: MTPConfig):
+        super().__init__()
+        layer_config = drafter_layer_config(target_config)
+        hidden, vocab = layer_config.hidden_size, target_config.vocab_size
+        self.config = config
+        self.embed_tokens = nn.Embedding(vocab, hidden).requires_grad_(False)
+        self.layers = nn.ModuleList(MTPModule(layer_config) for _ in range(config.num_modules))
+        self.lm_head = nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+        self.rotary = Rotary(layer_config)
+
+    def init_from_target(self, target: nn.Module) -> None:
+        self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
+        self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
+
+    def module_step(self, k: int, tokens, hidden, position_ids, mask, past=None):
+        """Module k (0-based here): tokens (B, T) = t_{i+k+1}, hidden (B, T, H) = h^k ->
+        (h^{k+1}, logits (B, T, V), new (keys, values))."""
+        module = self.layers[k]
+        embeds = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = self.rotary(hidden, position_ids)
+        out, kv = module(embeds, hidden, cos, sin, mask, past)
+        return out, self.lm_head(module.shared_head.norm(out)), kv
+
+
+def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             loss_mask: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead).
+
+    Accuracy of module k is agreement with the target's own greedy choice for that token.
+    """
+    cfg = drafter.config
+    b, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    mask = padded_causal_mask(attention_mask)
+    weights = [cfg.step_weight ** k for k in range(cfg.num_modules)]
+    norm = sum(weights)
+    target_argmax = target_logits.argmax(-1)
+    hidden = features
+    total = features.new_zeros((), dtype=torch.float32)
+    metrics = {}
+    for k in range(cfg.num_modules):
+        hidden, logits, _ = drafter.module_step(k, shift_left(input_ids, k + 1), hidden, positions,
+                                                mask)
+        labels = shift_left(input_ids, k + 2)
+        valid = (shift_left(loss_mask, k + 2) > 0) & (positions < t - k - 2)
+        count = valid.sum().clamp_min(1)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+        step_loss = (ce.view_as(labels) * valid).sum() / count
+        total = total + weights[k] / norm * step_loss
+        hits = (logits.argmax(-1) == shift_left(target_argmax, k + 1)) & valid
+        metrics[f"loss_{k}"] = step_loss.detach()
+        metrics[f"acc_{k}"] = hits.sum().float() / count
+    return total, metrics
