@@ -102,13 +102,16 @@ def evaluate(model: LossModule, batches, accelerator) -> dict:
     return {**{f"eval/{k}": v for k, v in means.items()}, "eval/simulated_tau": simulated_tau(accs)}
 
 
-def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
+def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=None,
+                 draft_vocab=None) -> Path:
     """Train a drafter on tokenized `examples` ({"input_ids", "loss_mask"} lists of ints).
 
     Args:
         recipe: validated recipe.
         examples: the training data (rendered conversations).
         target: an already loaded frozen target model (tests); None loads `recipe.target`.
+        accelerator: an existing Accelerator; None creates one from the recipe.
+        draft_vocab: EAGLE-3 draft vocabulary (d2t / t2d) built from the data, or None.
 
     Returns:
         The folder of the final drafter (safetensors + config).
@@ -116,7 +119,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
     from accelerate.utils import set_seed
 
     cfg = recipe.train
-    accelerator = make_accelerator(recipe)
+    accelerator = accelerator or make_accelerator(recipe)
     set_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
     spec = get_spec(recipe.kind)
@@ -129,6 +132,8 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
                              trust_remote_code=recipe.target.trust_remote_code).model
     target.requires_grad_(False).eval().to(accelerator.device)
     drafter = spec.build(target.config, drafter_config)
+    if hasattr(drafter, "set_draft_vocab"):
+        install_draft_vocab(drafter, draft_vocab, accelerator)
     drafter.init_from_target(target)
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = bool(getattr(drafter_config, "lora", False))
@@ -213,6 +218,19 @@ def run_training(recipe: Recipe, examples: list[dict], target=None) -> Path:
                         out_dir, lora_target=unwrapped.target if joint else None)
     accelerator.end_training()
     return path
+
+
+def install_draft_vocab(drafter, vocab, accelerator) -> None:
+    """Give an EAGLE-3 drafter the data's draft vocabulary (before its head is initialised)."""
+    if vocab is None:
+        accelerator.print("warning: no draft vocabulary in the data (data.draft_vocab_size); "
+                          "the drafter uses the first Vd target ids")
+        return
+    if vocab.d2t.numel() != drafter.draft_vocab_size:
+        raise DraftsmithError(
+            f"data.draft_vocab_size={vocab.d2t.numel()} differs from drafter.draft_vocab_size="
+            f"{drafter.draft_vocab_size}; set both to the same value")
+    drafter.set_draft_vocab(vocab.d2t, vocab.t2d)
 
 
 def _progress_bar(accelerator, total: int, initial: int):

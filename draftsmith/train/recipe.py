@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.data.config import apply_overrides
 from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
 
@@ -111,10 +112,6 @@ class Recipe:
 SECTIONS = {"target": TargetSection, "train": TrainSection}
 
 
-def _parse_value(text: str):
-    return yaml.safe_load(text)
-
-
 def _check_keys(section: str, values: dict, cls) -> dict:
     """Reject unknown keys; coerce numbers written as strings (YAML reads `1e-4` as a string)."""
     types = {f.name: f.type for f in fields(cls)}
@@ -156,19 +153,6 @@ def build_recipe(raw: dict) -> Recipe:
                     train=built["train"])
     recipe.drafter_config()  # validates kind and settings now, before any model is loaded
     return recipe
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `section.key=value` strings (values parsed as YAML) on top of a raw recipe."""
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in (raw or {}).items()}
-    for item in overrides:
-        if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise DraftsmithError(f"override {item!r} must look like section.key=value, "
-                                  "e.g. train.lr=1e-4")
-        path, value = item.split("=", 1)
-        section, key = path.split(".", 1)
-        raw.setdefault(section, {})[key] = _parse_value(value)
-    return raw
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -28,24 +28,55 @@ def read_tokenized(path: str | Path) -> list[dict]:
     return examples
 
 
-def build_examples(recipe: Recipe) -> list[dict]:
-    """Training examples for a recipe's `data:` section."""
+def data_recipe(recipe: Recipe):
+    """The data pipeline's recipe for a training recipe (same target, its `data:` section)."""
+    from draftsmith.data.config import DataConfig, DataRecipe, TargetConfig
+
+    target = TargetConfig(name=recipe.target.name, dtype=recipe.target.dtype,
+                          trust_remote_code=recipe.target.trust_remote_code)
+    return DataRecipe(target=target, data=DataConfig.from_dict(recipe.data))
+
+
+def build_examples(recipe: Recipe, accelerator) -> tuple[list[dict], object | None]:
+    """Training examples and the draft vocabulary (or None) for a recipe's `data:` section.
+
+    `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise the data pipeline runs
+    (on the main process first; it resumes and skips finished work) and its rendered output is
+    read back.
+    """
+    from draftsmith.data.draft_vocab import load_draft_vocab
+    from draftsmith.data.pipeline import run_data_recipe
+
     data = dict(recipe.data)
     if "tokenized" in data:
-        return read_tokenized(data["tokenized"])
-    raise DraftsmithError("recipe section 'data' needs 'tokenized: FILE.jsonl' (pre-tokenized "
-                          "input_ids and loss_mask)")
+        return read_tokenized(data["tokenized"]), None
+    prepared = data_recipe(recipe)
+    with accelerator.main_process_first():
+        if accelerator.is_main_process:
+            run_data_recipe(prepared, log=accelerator.print)
+    out_dir = Path(prepared.data.out_dir)
+    tokenized = out_dir / "tokenized.jsonl"
+    if not tokenized.is_file():
+        raise DraftsmithError(f"the data pipeline did not finish ({tokenized} is missing); "
+                              "run the training command again to resume it")
+    vocab_path = out_dir / "draft_vocab.safetensors"
+    vocab = load_draft_vocab(vocab_path) if vocab_path.is_file() else None
+    return read_tokenized(tokenized), vocab
 
 
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:
     """Load and validate the recipe, build the data, train; returns the final drafter folder."""
     import torch.distributed as dist
 
-    from draftsmith.train.loop import run_training
+    from draftsmith.train.loop import make_accelerator, run_training
 
     recipe = load_recipe(path, overrides)
+    if "tokenized" not in recipe.data:
+        data_recipe(recipe)  # validates the data section before any model is loaded
+    accelerator = make_accelerator(recipe)
     try:
-        return run_training(recipe, build_examples(recipe))
+        examples, vocab = build_examples(recipe, accelerator)
+        return run_training(recipe, examples, accelerator=accelerator, draft_vocab=vocab)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
