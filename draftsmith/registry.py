@@ -124,6 +124,22 @@ def get_spec(kind: str) -> DrafterSpec:
 
 
 @torch.no_grad()
+def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_layers: int
+                    ) -> Features:
+    """Features from a batch of cached hidden states (offline mode); the target logits are
+    recomputed with the frozen head. Keys are `hidden_states.{i}` as written by draftsmith.data."""
+    last = batch[f"hidden_states.{num_layers}"]
+    return Features(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        loss_mask=batch["loss_mask"],
+        last_hidden=last,
+        aux_hidden=[batch[f"hidden_states.{i + 1}"] for i in aux_layers],
+        target_logits=head(last.to(head.weight.dtype)),
+    )
+
+
+@torch.no_grad()
 def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     loss_mask: torch.Tensor, aux_layers: list[int]) -> Features:
     """Run the frozen target once and collect what a drafter needs (online mode).

@@ -26,14 +26,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
-    """Right-pad `input_ids` / `loss_mask` to the longest sequence (capped at max_length)."""
+    """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each) to the
+    longest sequence, capped at max_length."""
     length = min(max(len(e["input_ids"]) for e in batch), max_length)
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     loss_mask = torch.zeros(len(batch), length, dtype=torch.long)
     attention = torch.zeros(len(batch), length, dtype=torch.long)
+    hidden_keys = [k for k in batch[0] if k.startswith("hidden_states.")]
+    hidden = {k: torch.zeros(len(batch), length, batch[0][k].shape[-1], dtype=batch[0][k].dtype)
+              for k in hidden_keys}
     for row, example in enumerate(batch):
         n = min(len(example["input_ids"]), length)
         ids[row, :n] = torch.as_tensor(example["input_ids"][:n])
         loss_mask[row, :n] = torch.as_tensor(example["loss_mask"][:n])
         attention[row, :n] = 1
-    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention}
+        for key in hidden_keys:
+            hidden[key][row, :n] = example[key][:n]
+    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention, **hidden}

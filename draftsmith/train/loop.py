@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.registry import get_spec, target_features
+from draftsmith.registry import cached_features, get_spec, target_features
 from draftsmith.train.batching import collate, epoch_order, split_examples
 from draftsmith.train.checkpoint import latest_checkpoint, save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
@@ -65,8 +65,14 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         if self.joint:
             return medusa2_loss(self.drafter, self.target, batch)
-        features = target_features(self._frozen_target[0], batch["input_ids"],
-                                   batch["attention_mask"], batch["loss_mask"], self.aux_layers)
+        target = self._frozen_target[0]
+        num_layers = target.config.num_hidden_layers
+        if f"hidden_states.{num_layers}" in batch:  # offline: read from the feature cache
+            features = cached_features(batch, target.get_output_embeddings(), self.aux_layers,
+                                       num_layers)
+        else:
+            features = target_features(target, batch["input_ids"], batch["attention_mask"],
+                                       batch["loss_mask"], self.aux_layers)
         return self.spec.loss(self.drafter, features)
 
 

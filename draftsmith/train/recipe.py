@@ -53,6 +53,8 @@ class TrainSection:
         output_dir: checkpoints, metrics.jsonl and the final drafter go here.
         wandb: log to Weights & Biases (offline mode when no API key is set).
         wandb_project: project name for wandb.
+        features: "online" (the frozen target runs inside each step) or "offline" (hidden states
+            read from the data pipeline's cache; needs `data.cache` with this drafter kind).
     """
 
     lr: float = 1e-4
@@ -71,12 +73,15 @@ class TrainSection:
     output_dir: str = "runs/train"
     wandb: bool = False
     wandb_project: str = "draftsmith"
+    features: str = "online"
 
     def __post_init__(self):
         positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
+        if self.features not in ("online", "offline"):
+            raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise DraftsmithError(f"train.mixed_precision={self.mixed_precision!r}: use no, bf16 or fp16")
         if not 0 <= self.eval_fraction < 1:

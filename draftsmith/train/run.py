@@ -61,7 +61,34 @@ def build_examples(recipe: Recipe, accelerator) -> tuple[list[dict], object | No
                               "run the training command again to resume it")
     vocab_path = out_dir / "draft_vocab.safetensors"
     vocab = load_draft_vocab(vocab_path) if vocab_path.is_file() else None
+    if recipe.train.features == "offline":
+        return read_cache(recipe, out_dir / "cache"), vocab
     return read_tokenized(tokenized), vocab
+
+
+def read_cache(recipe: Recipe, folder: Path) -> list[dict]:
+    """Cached samples with exactly the hidden states this drafter kind reads (offline mode).
+
+    Raises:
+        DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers.
+    """
+    from draftsmith.data.cache import FeatureCache
+    from draftsmith.data.features import hidden_key
+    from draftsmith.data.identity import TargetIdentity
+    from draftsmith.registry import get_spec
+    from draftsmith.target import load_target
+
+    if not recipe.data.get("cache"):
+        raise DraftsmithError("train.features=offline needs a data.cache section listing this "
+                              f"drafter kind ({recipe.kind}) in data.cache.kinds")
+    target = load_target(recipe.target.name, dtype=recipe.target.dtype,
+                         trust_remote_code=recipe.target.trust_remote_code)
+    num_layers = target.model.config.num_hidden_layers
+    aux = get_spec(recipe.kind).aux_layers(num_layers, recipe.drafter_config())
+    indices = sorted({num_layers, *[i + 1 for i in aux]})
+    cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
+                              layers=indices)
+    return list(cache.iter_samples(keys=[hidden_key(i) for i in indices]))
 
 
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:
