@@ -8,7 +8,6 @@ import sys
 from draftsmith.errors import DraftsmithError
 
 NOT_YET = {
-    "data": ("prepare conversations, regenerate responses, cache hidden states", 3),
     "export": ("export a checkpoint for vLLM / SGLang / reference code", 5),
     "push": ("push an exported drafter to the Hugging Face Hub", 5),
     "bench": ("train and evaluate every drafter kind on real targets", 6),
@@ -125,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.set_defaults(func=cmd_generate)
+
+    from draftsmith.data.cli import add_data_parser
+
+    add_data_parser(verbs)
 
     train = verbs.add_parser("train", help="train a drafter from a recipe (one process; use "
                              "`accelerate launch -m draftsmith.train` for several)")

@@ -1,0 +1,337 @@
+"""Offline hidden-state cache: sharded safetensors files of the features drafters train on.
+
+Layout of a cache folder:
+
+    manifest.json            target identity, kinds and layers, shard list, token counts, bytes/token
+    shard-00000.safetensors  one shard of whole sequences, packed end to end (no padding):
+        input_ids        int32   (tokens,)
+        loss_mask        uint8   (tokens,)
+        lengths          int64   (samples,)      sequence lengths, in order
+        sample_index     int64   (samples,)      position of each sequence in the input list
+        hidden_states.i  bf16    (tokens, H)     exactly the indices the kinds need (`features`)
+
+Logits are not stored: EAGLE-3's target distribution is `lm_head(hidden_states[N])`, recomputed by
+the frozen head at training time (a V-sized row per token would cost ~V/H times the last state).
+Shards are planned from the input up front, written atomically and recorded in the manifest, so a
+killed build resumes where it stopped. `FeatureCache.open` refuses a cache made by another target
+or tokenizer, and `iter_batches` streams shards (memory-mapped, sample by sample) into padded
+batches: a plain generator, split across ranks by sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from draftsmith.data.batching import collate, plan_batches
+from draftsmith.data.features import (
+    extract_features,
+    hidden_key,
+    layers_for_kind,
+    layers_for_kinds,
+    num_decoder_layers,
+)
+from draftsmith.data.identity import TargetIdentity
+from draftsmith.data.render import RenderedSample
+from draftsmith.data.shards import done_shards, open_run, read_manifest, record_shard, write_atomic
+from draftsmith.errors import DraftsmithError
+from draftsmith.target import DTYPES
+
+KIND = "feature_cache"
+
+
+@dataclass
+class CacheReport:
+    """What a `build_feature_cache` call did (this call only)."""
+
+    folder: Path
+    shards_total: int
+    shards_written: int = 0
+    shards_skipped: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    bytes_written: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.shards_written + self.shards_skipped == self.shards_total
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[tuple[int, int]]:
+    """Split samples into consecutive `[start, end)` ranges of about `shard_tokens` tokens each."""
+    plan, start, total = [], 0, 0
+    for i, length in enumerate(lengths):
+        total += length
+        if total >= shard_tokens:
+            plan.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(lengths):
+        plan.append((start, len(lengths)))
+    return plan
+
+
+def samples_sha256(samples: Sequence[RenderedSample]) -> str:
+    """Fingerprint of the rendered inputs (token ids and masks, in order)."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        digest.update(torch.tensor(sample.input_ids, dtype=torch.int32).numpy().tobytes())
+        digest.update(bytes(sample.loss_mask))
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
+def extract_shard(
+    model, samples: Sequence[RenderedSample], layers: Sequence[int], dtype: torch.dtype,
+    batch_size: int, batch_tokens: int,
+) -> dict[str, torch.Tensor]:
+    """The packed tensors of one shard (see the module docstring), batched by length."""
+    lengths = [len(s.input_ids) for s in samples]
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    hidden_size = model.config.get_text_config().hidden_size
+    packed = {hidden_key(i): torch.empty((offsets[-1], hidden_size), dtype=dtype) for i in layers}
+    device = next(model.parameters()).device
+    for rows in plan_batches(lengths, batch_size, batch_tokens):
+        width = max(lengths[i] for i in rows)
+        input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, i in enumerate(rows):
+            input_ids[row, : lengths[i]] = torch.tensor(samples[i].input_ids)
+            attention_mask[row, : lengths[i]] = 1
+        features = extract_features(model, input_ids.to(device), attention_mask.to(device), layers)
+        for key, value in features.items():
+            for row, i in enumerate(rows):
+                packed[key][offsets[i]: offsets[i + 1]] = value[row, : lengths[i]].to("cpu", dtype)
+    packed["input_ids"] = torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32)
+    packed["loss_mask"] = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8)
+    packed["lengths"] = torch.tensor(lengths, dtype=torch.int64)
+    return packed
+
+
+def build_feature_cache(
+    model, tokenizer, samples: Sequence[RenderedSample], out_dir: str | Path, *,
+    kinds: Sequence[str], dtype: str = "bfloat16", batch_size: int = 32,
+    batch_tokens: int = 8192, shard_tokens: int = 32768, chat_template_sha256: str | None = None,
+    stop_after_shards: int | None = None, progress: bool = True,
+) -> CacheReport:
+    """Run the frozen target over rendered samples and store the hidden states `kinds` need.
+
+    Args:
+        model, tokenizer: the frozen target (its identity goes into the manifest).
+        samples: rendered conversations, in a fixed order.
+        out_dir: the cache folder; a previous build with the same settings is resumed.
+        kinds: drafter kinds (`features.FEATURE_KINDS`); the union of their layers is stored.
+        dtype: storage dtype of the hidden states (`bfloat16`, `float16`, `float32`).
+        batch_size, batch_tokens: at most this many sequences, and padded tokens, per forward.
+        shard_tokens: tokens per shard (whole sequences, so a shard may exceed it).
+        chat_template_sha256: recorded for reference (the template that rendered the samples).
+        stop_after_shards: write at most this many new shards, then return.
+        progress: show a tqdm bar.
+
+    Raises:
+        DraftsmithError: `out_dir` holds a cache with other settings, or no samples were given.
+    """
+    if not samples:
+        raise DraftsmithError("no samples to cache: every conversation was dropped; check the "
+                              "source, data.limit and data.max_length")
+    out_dir = Path(out_dir)
+    num_layers = num_decoder_layers(model)
+    layers = layers_for_kinds(kinds, num_layers)
+    identity = TargetIdentity.of(model, tokenizer)
+    plan = plan_shards([len(s.input_ids) for s in samples], shard_tokens)
+    text_config = model.config.get_text_config()
+    settings = {
+        "target": identity.to_json(), "layers": list(layers), "feature_dtype": dtype,
+        "shard_tokens": shard_tokens, "samples": len(samples), "samples_sha256": samples_sha256(samples),
+    }
+    manifest = open_run(out_dir, KIND, settings, extra={
+        "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
+        "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
+        "vocab_size": int(text_config.vocab_size), "chat_template_sha256": chat_template_sha256,
+        "bytes_per_token_layout": 4 + 1 + len(layers) * int(text_config.hidden_size)
+        * DTYPES[dtype].itemsize,
+    })
+    done = done_shards(manifest)
+    report = CacheReport(out_dir, len(plan), shards_skipped=len(done & set(range(len(plan)))))
+    bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc="hidden states", unit="tok",
+               disable=not progress)
+    bar.update(sum(s["tokens"] for s in manifest["shards"]))
+    for index, (start, end) in enumerate(plan):
+        if index in done:
+            continue
+        if stop_after_shards is not None and report.shards_written >= stop_after_shards:
+            break
+        began = time.perf_counter()
+        tensors = extract_shard(model, samples[start:end], layers, DTYPES[dtype], batch_size,
+                                batch_tokens)
+        seconds = time.perf_counter() - began
+        tensors["sample_index"] = torch.arange(start, end, dtype=torch.int64)
+        name = f"shard-{index:05d}.safetensors"
+        write_atomic(out_dir / name, lambda tmp, t=tensors: save_file(t, str(tmp)))
+        tokens = int(tensors["lengths"].sum())
+        size = (out_dir / name).stat().st_size
+        record_shard(out_dir, manifest, {
+            "index": index, "file": name, "samples": end - start, "tokens": tokens,
+            "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
+            "seconds": round(seconds, 3),
+        })
+        report.shards_written += 1
+        report.tokens += tokens
+        report.seconds += seconds
+        report.bytes_written += size
+        bar.update(tokens)
+    bar.close()
+    return report
+
+
+class FeatureCache:
+    """A cache folder opened for reading (finished shards only). Use `FeatureCache.open`."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder = folder
+        self.manifest = manifest
+
+    @classmethod
+    def open(
+        cls, folder: str | Path, *, expect: TargetIdentity | None = None,
+        layers: Sequence[int] | None = None,
+    ) -> FeatureCache:
+        """Open a cache, checking who made it and what it holds.
+
+        Args:
+            folder: the cache folder.
+            expect: the identity of the target about to train on it (`TargetIdentity.of`).
+            layers: `hidden_states` indices the caller needs.
+
+        Raises:
+            DraftsmithError: no cache there; it was made by another target or tokenizer (both
+                identities named); it lacks some of `layers`.
+        """
+        folder = Path(folder)
+        manifest = read_manifest(folder)
+        if manifest is None or manifest.get("kind") != KIND:
+            raise DraftsmithError(f"{folder} is not a hidden-state cache (no feature_cache "
+                                  "manifest.json); build one with `draftsmith data run`")
+        cache = cls(folder, manifest)
+        if expect is not None and expect != cache.identity:
+            raise DraftsmithError(
+                f"the cache at {folder} was made with target {cache.identity.describe()}, but the "
+                f"target now is {expect.describe()}; hidden states of one model are meaningless "
+                "for another. Rebuild the cache with this target (`draftsmith data run` with its "
+                "recipe), or train with the target that made it."
+            )
+        missing = sorted(set(layers or ()) - set(cache.layers))
+        if missing:
+            raise DraftsmithError(
+                f"the cache at {folder} holds hidden_states {list(cache.layers)} but "
+                f"{missing} are needed; rebuild it with data.cache.kinds including the drafter "
+                f"kind (it was built for {', '.join(manifest['kinds'])})"
+            )
+        return cache
+
+    @property
+    def identity(self) -> TargetIdentity:
+        return TargetIdentity(**self.manifest["settings"]["target"])
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.manifest["settings"]["layers"])
+
+    @property
+    def shards(self) -> list[dict]:
+        return self.manifest["shards"]
+
+    @property
+    def complete(self) -> bool:
+        return sum(s["samples"] for s in self.shards) == self.manifest["settings"]["samples"]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s["samples"] for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s["tokens"] for s in self.shards)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes on disk per token, measured over the finished shards."""
+        tokens = self.num_tokens
+        return sum(s["bytes"] for s in self.shards) / tokens if tokens else float("nan")
+
+    def iter_samples(
+        self, *, keys: Sequence[str] | None = None, shuffle: bool = False, seed: int = 0,
+        rank: int = 0, world_size: int = 1,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Unpadded samples `{"input_ids", "loss_mask", "hidden_states.i" ...}`, shard by shard.
+
+        Args:
+            keys: hidden-state keys to read (default: all stored); ids and mask always come.
+            shuffle: seeded shuffle of the shard order and of samples within each shard.
+            rank, world_size: sample j of the (shuffled) stream goes to rank `j % world_size`.
+        """
+        keys = list(keys) if keys is not None else [hidden_key(i) for i in self.layers]
+        shards = list(self.shards)
+        rng = random.Random(seed)
+        if shuffle:
+            rng.shuffle(shards)
+        position = 0
+        for shard in shards:
+            with safe_open(self.folder / shard["file"], framework="pt") as handle:
+                lengths = handle.get_tensor("lengths").tolist()
+                offsets = [0]
+                for length in lengths:
+                    offsets.append(offsets[-1] + length)
+                order = list(range(len(lengths)))
+                if shuffle:
+                    rng.shuffle(order)
+                slices = {k: handle.get_slice(k) for k in ["input_ids", "loss_mask", *keys]}
+                for i in order:
+                    position += 1
+                    if (position - 1) % world_size != rank:
+                        continue
+                    a, b = offsets[i], offsets[i + 1]
+                    sample = {k: s[a:b] for k, s in slices.items()}
+                    sample["input_ids"] = sample["input_ids"].long()
+                    sample["loss_mask"] = sample["loss_mask"].long()
+                    yield sample
+
+    def iter_batches(
+        self, batch_size: int, *, keys: Sequence[str] | None = None, shuffle: bool = False,
+        seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Right-padded batches of `iter_samples` (see `batching.collate`): (B, T) ids, loss and
+        attention masks, (B, T, H) hidden states in the stored dtype."""
+        pending: list[dict[str, torch.Tensor]] = []
+        for sample in self.iter_samples(keys=keys, shuffle=shuffle, seed=seed, rank=rank,
+                                        world_size=world_size):
+            pending.append(sample)
+            if len(pending) == batch_size:
+                yield collate(pending)
+                pending = []
+        if pending and not drop_last:
+            yield collate(pending)
+
+    def token_counts(self) -> torch.Tensor:
+        """How often each target token id occurs where the loss mask is 1. (V,) int64"""
+        counts = torch.zeros(self.manifest["vocab_size"], dtype=torch.int64)
+        for shard in self.shards:
+            with safe_open(self.folder / shard["file"], framework="pt") as handle:
+                ids = handle.get_tensor("input_ids").long()
+                mask = handle.get_tensor("loss_mask").bool()
+            counts += torch.bincount(ids[mask], minlength=counts.numel())
+        return counts

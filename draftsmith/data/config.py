@@ -1,0 +1,245 @@
+"""Data recipes: `DataConfig` (the `data:` section, also embedded in training recipes) and the
+target it runs with (the `target:` section, the same shape as in training recipes), loaded from
+YAML with `section.key=value` overrides.
+
+A data recipe file:
+
+    # draftsmith data run --config recipes/data/X.yaml
+    target:
+      name: smollm2-135m-instruct
+      dtype: bfloat16
+    data:
+      source: sharegpt
+      regenerate: {max_new_tokens: 512}
+      cache: {kinds: [eagle3]}
+      draft_vocab_size: 32000
+
+Every value is checked when the config is built; an error names the field, the value and the fix.
+Unknown keys are an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from draftsmith.data.features import FEATURE_KINDS
+from draftsmith.errors import DraftsmithError
+from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.target import DTYPES
+
+FEATURE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _require(ok: bool, name: str, value, fix: str) -> None:
+    if not ok:
+        raise DraftsmithError(f"{name} = {value!r}: {fix}")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _build(cls, values, prefix: str):
+    """`cls(**values)` with unknown keys reported against `prefix`."""
+    if isinstance(values, cls):
+        return values
+    if not isinstance(values, dict):
+        raise DraftsmithError(f"{prefix} must be a mapping of settings, got {values!r}")
+    valid = [f.name for f in fields(cls)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise DraftsmithError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
+                              f"valid keys of {prefix}: {', '.join(valid)}")
+    values = dict(values)
+    for f in fields(cls):
+        # YAML reads `1e-1` as a string; float fields take it as the number it spells
+        if f.type == "float" and isinstance(values.get(f.name), str):
+            try:
+                values[f.name] = float(values[f.name])
+            except ValueError:
+                raise DraftsmithError(f"{prefix}.{f.name} = {values[f.name]!r}: must be a number") from None
+    return cls(**values)
+
+
+@dataclass
+class RegenerateConfig:
+    """How the target rewrites every assistant turn (`data.regenerate`; null keeps the originals)."""
+
+    max_new_tokens: int = 512  # cap on each regenerated assistant turn
+    temperature: float = 0.0  # 0 = greedy; > 0 samples
+    top_p: float = 1.0  # nucleus sampling when temperature > 0
+    seed: int = 0  # sampling seed (each shard reseeds from it, so resumed runs match)
+    batch_size: int = 16  # at most this many prompts per `generate` call (left padded)
+    batch_tokens: int = 16384  # and at most rows * (longest prompt + max_new_tokens) tokens
+    shard_size: int = 256  # conversations per JSONL shard (the unit of resume)
+
+    def __post_init__(self):
+        p = "data.regenerate"
+        _require(_positive_int(self.max_new_tokens), f"{p}.max_new_tokens", self.max_new_tokens,
+                 "must be a positive integer (e.g. 512)")
+        _require(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+                 f"{p}.temperature", self.temperature, "must be >= 0 (0 = greedy)")
+        _require(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"{p}.top_p",
+                 self.top_p, "must be in (0, 1]")
+        _require(isinstance(self.seed, int), f"{p}.seed", self.seed, "must be an integer")
+        _require(_positive_int(self.batch_size), f"{p}.batch_size", self.batch_size,
+                 "must be a positive integer (e.g. 16)")
+        _require(_positive_int(self.batch_tokens), f"{p}.batch_tokens", self.batch_tokens,
+                 "must be a positive integer (e.g. 16384)")
+        _require(_positive_int(self.shard_size), f"{p}.shard_size", self.shard_size,
+                 "must be a positive integer (e.g. 256)")
+
+
+@dataclass
+class CacheConfig:
+    """The offline hidden-state cache (`data.cache`; null = features are computed online)."""
+
+    kinds: tuple[str, ...] = ("eagle3",)  # drafter kinds whose hidden states are stored
+    dtype: str = "bfloat16"  # storage dtype of the hidden states
+    batch_size: int = 32  # at most this many sequences per target forward
+    batch_tokens: int = 8192  # and at most rows * longest sequence tokens
+    shard_tokens: int = 32768  # tokens per safetensors shard (whole sequences; may exceed it)
+
+    def __post_init__(self):
+        p = "data.cache"
+        if isinstance(self.kinds, str):
+            self.kinds = (self.kinds,)
+        self.kinds = tuple(self.kinds)
+        bad = [k for k in self.kinds if k not in FEATURE_KINDS]
+        _require(bool(self.kinds) and not bad, f"{p}.kinds", list(self.kinds),
+                 f"list one or more of: {', '.join(FEATURE_KINDS)}")
+        _require(self.dtype in FEATURE_DTYPES, f"{p}.dtype", self.dtype,
+                 f"choose one of: {', '.join(FEATURE_DTYPES)}")
+        _require(_positive_int(self.batch_size), f"{p}.batch_size", self.batch_size,
+                 "must be a positive integer (e.g. 32)")
+        _require(_positive_int(self.batch_tokens), f"{p}.batch_tokens", self.batch_tokens,
+                 "must be a positive integer (e.g. 8192)")
+        _require(_positive_int(self.shard_tokens), f"{p}.shard_tokens", self.shard_tokens,
+                 "must be a positive integer (e.g. 32768)")
+
+
+@dataclass
+class DataConfig:
+    """Where conversations come from and what the pipeline makes of them (`data:`)."""
+
+    source: str = "sharegpt"  # `sharegpt`, a .json/.jsonl file, a folder, or a Hub dataset id
+    split: str = "train"  # split of a Hugging Face dataset
+    limit: int | None = None  # first N clean conversations (null = all)
+    max_pairs: int | None = None  # keep the first N user/assistant exchanges (null = all)
+    max_length: int = 2048  # tokens per rendered conversation; longer ones are truncated
+    chat_template: str | None = None  # Jinja template or .jinja path; null = the tokenizer's
+    out_dir: str = "runs/data"  # regenerated/, cache/, draft_vocab.safetensors, summary.json
+    regenerate: RegenerateConfig | None = field(default_factory=RegenerateConfig)
+    cache: CacheConfig | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3 draft vocabulary Vd (null = not built)
+
+    def __post_init__(self):
+        if self.regenerate is not None:
+            self.regenerate = _build(RegenerateConfig, self.regenerate, "data.regenerate")
+        if self.cache is not None:
+            self.cache = _build(CacheConfig, self.cache, "data.cache")
+        _require(isinstance(self.source, str) and bool(self.source.strip()), "data.source",
+                 self.source, "name `sharegpt`, a .json/.jsonl file, a folder or a Hub dataset id")
+        _require(isinstance(self.split, str) and bool(self.split), "data.split", self.split,
+                 "name a dataset split such as `train`")
+        _require(self.limit is None or _positive_int(self.limit), "data.limit", self.limit,
+                 "must be a positive integer, or null for every conversation")
+        _require(self.max_pairs is None or _positive_int(self.max_pairs), "data.max_pairs",
+                 self.max_pairs, "must be a positive integer, or null to keep whole conversations")
+        _require(_positive_int(self.max_length) and self.max_length >= 16, "data.max_length",
+                 self.max_length, "must be an integer >= 16 (e.g. 2048)")
+        _require(self.chat_template is None or isinstance(self.chat_template, str),
+                 "data.chat_template", self.chat_template,
+                 "must be a Jinja template string or the path of a .jinja file")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "data.out_dir",
+                 self.out_dir, "must be a folder path such as runs/data/my-run")
+        _require(self.draft_vocab_size is None or _positive_int(self.draft_vocab_size),
+                 "data.draft_vocab_size", self.draft_vocab_size,
+                 "must be a positive integer no larger than the target vocabulary, or null")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> DataConfig:
+        """Build from a recipe's `data:` mapping; unknown keys are an error listing the valid ones."""
+        return _build(cls, values, "data")
+
+    def to_dict(self) -> dict:
+        values = asdict(self)
+        if self.cache is not None:
+            values["cache"]["kinds"] = list(self.cache.kinds)
+        return values
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target a data recipe runs with (`target:`)."""
+
+    name: str = DEFAULT_TARGET  # offline model name, local folder, .gguf file or Hub id
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto
+    trust_remote_code: bool = False  # run model code from the Hub repo
+
+    def __post_init__(self):
+        _require(isinstance(self.name, str) and bool(self.name), "target.name", self.name,
+                 "name an offline model, a folder, a .gguf file or a Hub id")
+        _require(self.dtype in DTYPES, "target.dtype", self.dtype,
+                 f"choose one of: {', '.join(DTYPES)}")
+        _require(isinstance(self.device, str) and bool(self.device), "target.device",
+                 self.device, "use cpu, cuda, cuda:N or auto")
+        _require(isinstance(self.trust_remote_code, bool), "target.trust_remote_code",
+                 self.trust_remote_code, "must be true or false")
+
+
+@dataclass
+class DataRecipe:
+    """A whole data recipe: the target and the `data:` section."""
+
+    target: TargetConfig
+    data: DataConfig
+
+
+def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=value` overrides (values parsed as YAML) to a nested dict, in place.
+
+    Raises:
+        DraftsmithError: an override without `=`.
+    """
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise DraftsmithError(f"override {item!r} must look like key=value, "
+                                  "e.g. data.limit=64 or data.regenerate.max_new_tokens=128")
+        node = values
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[leaf] = yaml.safe_load(raw)
+    return values
+
+
+def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> DataRecipe:
+    """Read and validate a data recipe, overrides applied on top of the file.
+
+    Raises:
+        DraftsmithError: a missing file, bad YAML, unknown keys or invalid values.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DraftsmithError(f"recipe {path} does not exist; see recipes/data/ for examples")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise DraftsmithError(f"recipe {path} is not valid YAML: {err}") from err
+    if not isinstance(values, dict):
+        raise DraftsmithError(f"recipe {path} must be a mapping with `target` and `data` sections")
+    apply_overrides(values, overrides or [])
+    unknown = sorted(set(values) - {"target", "data"})
+    if unknown:
+        raise DraftsmithError(f"unknown section(s) {', '.join(unknown)} in {path}; "
+                              "valid sections: target, data")
+    return DataRecipe(target=_build(TargetConfig, values.get("target") or {}, "target"),
+                      data=DataConfig.from_dict(values.get("data") or {}))

@@ -1,0 +1,102 @@
+"""EAGLE-3's reduced draft vocabulary: the Vd target tokens most frequent where the loss is taken.
+
+Convention (../shared/REFERENCE.md section 1): `used` = the chosen target ids sorted ascending;
+`d2t[i] = used[i] - i` (int64, size Vd), so draft id d maps to target id `d + d2t[d]`; `t2d` is a
+bool mask of size V, true on the chosen ids. Ties in frequency go to the lower token id, and when
+fewer than Vd tokens were seen the rest are the lowest unseen ids, so the result is deterministic.
+Coverage is the share of loss-masked target tokens inside the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from draftsmith.data.render import RenderedSample
+from draftsmith.data.shards import write_atomic
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """A draft vocabulary. d2t: int64 (Vd,); t2d: bool (V,); coverage in [0, 1]."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    coverage: float
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """Target id of every draft id. (Vd,) int64"""
+        return torch.arange(self.d2t.numel(), dtype=torch.int64) + self.d2t
+
+    def summary(self) -> str:
+        return (f"draft vocabulary {self.d2t.numel():,} of {self.t2d.numel():,} tokens covers "
+                f"{100 * self.coverage:.2f}% of the loss-masked target tokens")
+
+
+def token_counts(samples: Iterable[RenderedSample], vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs where the loss mask is 1. (V,) int64"""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for sample in samples:
+        ids = torch.tensor(sample.input_ids, dtype=torch.long)
+        mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
+    """The `draft_vocab_size` most frequent ids of `counts` (V,) as d2t/t2d.
+
+    Raises:
+        DraftsmithError: Vd is not in [1, V], or no token was counted.
+    """
+    vocab_size = counts.numel()
+    if not 1 <= draft_vocab_size <= vocab_size:
+        raise DraftsmithError(
+            f"data.draft_vocab_size = {draft_vocab_size} must be between 1 and the target "
+            f"vocabulary size {vocab_size}"
+        )
+    total = int(counts.sum())
+    if total == 0:
+        raise DraftsmithError("no loss-masked tokens were counted, so a draft vocabulary cannot "
+                              "be chosen; check that the data has assistant turns")
+    ids = torch.arange(vocab_size, dtype=torch.int64)
+    # stable sort by count descending keeps ties in ascending id order
+    by_frequency = ids[torch.sort(-counts.to(torch.int64), stable=True).indices]
+    used = torch.sort(by_frequency[:draft_vocab_size]).values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    d2t = used - torch.arange(draft_vocab_size, dtype=torch.int64)
+    return DraftVocab(d2t=d2t, t2d=t2d, coverage=int(counts[used].sum()) / total)
+
+
+def save_draft_vocab(vocab: DraftVocab, path: str | Path) -> Path:
+    """Write `d2t` and `t2d` to a safetensors file (coverage in its metadata), atomically."""
+    path = Path(path)
+    tensors = {"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous()}
+    write_atomic(path, lambda tmp: save_file(tensors, str(tmp),
+                                             metadata={"coverage": repr(vocab.coverage)}))
+    return path
+
+
+def load_draft_vocab(path: str | Path) -> DraftVocab:
+    """Read a file written by `save_draft_vocab`.
+
+    Raises:
+        DraftsmithError: the file is missing or lacks d2t/t2d.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DraftsmithError(f"draft vocabulary {path} does not exist; build it with "
+                              "`draftsmith data run` and data.draft_vocab_size set")
+    with safe_open(path, framework="pt") as handle:
+        if not {"d2t", "t2d"} <= set(handle.keys()):
+            raise DraftsmithError(f"{path} holds {sorted(handle.keys())}, not d2t and t2d")
+        coverage = float((handle.metadata() or {}).get("coverage", "nan"))
+        return DraftVocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), coverage)

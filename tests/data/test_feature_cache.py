@@ -1,0 +1,150 @@
+"""Hidden states: the layers each kind needs, online extraction, and the offline cache (round trip
+equal to online, resume, refusal of another target or tokenizer)."""
+
+import pytest
+import torch
+
+from draftsmith.data.cache import FeatureCache, build_feature_cache, plan_shards
+from draftsmith.data.conversations import Conversation
+from draftsmith.data.draft_vocab import token_counts
+from draftsmith.data.features import extract_features, hidden_key, layers_for_kind, layers_for_kinds
+from draftsmith.data.identity import TargetIdentity
+from draftsmith.data.render import render_conversations, resolve_chat_template
+from draftsmith.errors import DraftsmithError
+
+from tiny_targets import tiny_target
+from tiny_tokenizers import char_tokenizer
+
+
+def test_layers_for_each_kind():
+    for kind in ("medusa", "eagle1", "eagle2", "mtp"):
+        assert layers_for_kind(kind, 30) == (30,)
+    assert layers_for_kind("eagle3", 30) == (2, 15, 27, 30)  # layer outputs 1, 14, 26 + last
+    assert layers_for_kind("eagle3", 24) == (2, 12, 21, 24)
+    assert layers_for_kinds(["medusa", "eagle3"], 30) == (2, 15, 27, 30)
+    with pytest.raises(DraftsmithError, match="choose one of: medusa"):
+        layers_for_kind("hydra", 30)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_extract_features_matches_the_full_forward(family):
+    model = tiny_target(family)
+    ids = torch.randint(2, 128, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    n = model.config.num_hidden_layers
+    features = extract_features(model, ids, mask, [0, 2, n])
+    full = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    for i in (0, 2, n):
+        torch.testing.assert_close(features[hidden_key(i)], full.hidden_states[i], rtol=0, atol=0)
+    torch.testing.assert_close(model.lm_head(features[hidden_key(n)]), full.logits)
+    with pytest.raises(DraftsmithError, match="outside"):
+        extract_features(model, ids, mask, [n + 1])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, tokenizer = tiny_target("llama"), char_tokenizer()
+    conversations = [
+        Conversation(f"c{i}", (
+            {"role": "user", "content": f"Tell me about item {i}" + " please" * (i % 5)},
+            {"role": "assistant", "content": f"Item {i} is " + "very " * i + "nice."},
+        ))
+        for i in range(9)
+    ]
+    samples = render_conversations(tokenizer, conversations, resolve_chat_template(tokenizer), 300)
+    return model, tokenizer, samples
+
+
+def build(setup, folder, **kwargs):
+    model, tokenizer, samples = setup
+    options = dict(kinds=["eagle3"], dtype="float32", batch_size=3, shard_tokens=400,
+                   progress=False)
+    return build_feature_cache(model, tokenizer, samples, folder, **(options | kwargs))
+
+
+def test_cache_round_trip_equals_online_hidden_states(setup, tmp_path):
+    model, tokenizer, samples = setup
+    report = build(setup, tmp_path)
+    assert report.complete and report.shards_written == len(plan_shards(
+        [len(s.input_ids) for s in samples], 400)) > 1
+    cache = FeatureCache.open(tmp_path, expect=TargetIdentity.of(model, tokenizer),
+                              layers=layers_for_kind("eagle3", 4))
+    assert cache.layers == (1, 2, 4) and cache.num_samples == len(samples)
+    seen = 0
+    for batch in cache.iter_batches(4):
+        rows = range(seen, seen + batch["input_ids"].shape[0])
+        online = extract_features(model, batch["input_ids"], batch["attention_mask"], cache.layers)
+        for row, i in enumerate(rows):
+            n = len(samples[i].input_ids)
+            assert batch["input_ids"][row, :n].tolist() == samples[i].input_ids
+            assert batch["loss_mask"][row, :n].tolist() == samples[i].loss_mask
+            assert batch["attention_mask"][row].sum() == n
+            for key, value in online.items():
+                torch.testing.assert_close(batch[key][row, :n], value[row, :n],
+                                           rtol=1e-5, atol=1e-5)
+        seen += len(rows)
+    assert seen == len(samples)
+    assert torch.equal(cache.token_counts(), token_counts(samples, 128))
+
+
+def test_bf16_cache_and_bytes_per_token(setup, tmp_path):
+    model = setup[0]
+    build(setup, tmp_path, dtype="bfloat16", kinds=["medusa"])
+    cache = FeatureCache.open(tmp_path)
+    assert cache.layers == (4,)
+    assert cache.manifest["bytes_per_token_layout"] == 4 + 1 + 32 * 2
+    assert cache.manifest["bytes_per_token_layout"] < cache.bytes_per_token < 200
+    batch = next(cache.iter_batches(2))
+    assert batch[hidden_key(4)].dtype == torch.bfloat16
+    online = extract_features(model, batch["input_ids"], batch["attention_mask"], [4])
+    n = int(batch["attention_mask"][0].sum())
+    torch.testing.assert_close(batch[hidden_key(4)][0, :n].float(),
+                               online[hidden_key(4)][0, :n], rtol=1e-2, atol=1e-2)
+
+
+def test_cache_refuses_another_target_or_tokenizer(setup, tmp_path):
+    model, tokenizer, _ = setup
+    build(setup, tmp_path)
+    other_model = tiny_target("qwen2")
+    with pytest.raises(DraftsmithError, match=r"made with target .* but the target now is"):
+        FeatureCache.open(tmp_path, expect=TargetIdentity.of(other_model, tokenizer))
+    other_tokenizer = char_tokenizer()
+    other_tokenizer.add_special_tokens({"additional_special_tokens": ["<|eot_id|>"]})
+    with pytest.raises(DraftsmithError, match="vocab"):
+        FeatureCache.open(tmp_path, expect=TargetIdentity.of(model, other_tokenizer))
+    with pytest.raises(DraftsmithError, match=r"holds hidden_states \[1, 2, 4\] but \[3\]"):
+        FeatureCache.open(tmp_path, layers=[3])
+    with pytest.raises(DraftsmithError, match="not a hidden-state cache"):
+        FeatureCache.open(tmp_path / "nowhere")
+    with pytest.raises(DraftsmithError, match="other settings"):
+        build_feature_cache(other_model, tokenizer, setup[2], tmp_path, kinds=["eagle3"],
+                            dtype="float32", shard_tokens=400, progress=False)
+
+
+def test_interrupted_build_resumes_to_the_same_shards(setup, tmp_path):
+    build(setup, tmp_path / "full")
+    first = build(setup, tmp_path / "part", stop_after_shards=1)
+    assert not first.complete
+    (tmp_path / "part" / ".shard-00001.safetensors.tmp").write_bytes(b"partial")
+    second = build(setup, tmp_path / "part")
+    assert second.complete and second.shards_skipped == 1
+    full = sorted((tmp_path / "full").glob("shard-*"))
+    part = sorted((tmp_path / "part").glob("shard-*"))
+    assert [p.name for p in full] == [p.name for p in part]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(full, part, strict=True))
+
+
+def test_ranks_and_shuffle_split_the_samples(setup, tmp_path):
+    build(setup, tmp_path)
+    cache = FeatureCache.open(tmp_path)
+
+    def ids(**kwargs):
+        return [tuple(s["input_ids"].tolist()) for s in cache.iter_samples(keys=[], **kwargs)]
+
+    everything = ids()
+    rank0, rank1 = ids(world_size=2, rank=0), ids(world_size=2, rank=1)
+    assert sorted(rank0 + rank1) == sorted(everything) and not set(rank0) & set(rank1)
+    shuffled = ids(shuffle=True, seed=3)
+    assert sorted(shuffled) == sorted(everything) and shuffled != everything
+    assert shuffled == ids(shuffle=True, seed=3)
