@@ -144,15 +144,13 @@ def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: 
                     loss_mask: torch.Tensor, aux_layers: list[int]) -> Features:
     """Run the frozen target once and collect what a drafter needs (online mode).
 
-    `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
+    Uses the data pipeline's `extract_features`, so online training and the offline cache compute
+    the same tensors. `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
     """
-    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                 use_cache=False)
-    return Features(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        loss_mask=loss_mask,
-        last_hidden=out.hidden_states[-1],
-        aux_hidden=[out.hidden_states[i + 1] for i in aux_layers],
-        target_logits=out.logits,
-    )
+    from draftsmith.data.features import extract_features
+
+    num_layers = target.config.num_hidden_layers
+    indices = sorted({num_layers, *[i + 1 for i in aux_layers]})
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+             **extract_features(target, input_ids, attention_mask, indices)}
+    return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)

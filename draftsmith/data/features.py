@@ -59,7 +59,7 @@ def num_decoder_layers(model) -> int:
     return int(model.config.get_text_config().num_hidden_layers)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: online training feeds these tensors to autograd
 def extract_features(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int]
 ) -> dict[str, torch.Tensor]:
