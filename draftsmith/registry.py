@@ -6,6 +6,7 @@ EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -15,6 +16,7 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
+from draftsmith.models.layers import shift_left
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
 
@@ -27,7 +29,7 @@ class Features:
         input_ids, attention_mask, loss_mask: (B, T).
         last_hidden: (B, T, H) the target's last hidden state (after the final norm).
         aux_hidden: (B, T, H) target layer outputs a drafter asked for (EAGLE-3: low, mid, high).
-        target_logits: (B, T, V) = frozen head(last_hidden).
+        head: the target's frozen output head; logits are computed from `last_hidden` on demand.
     """
 
     input_ids: torch.Tensor
@@ -35,7 +37,37 @@ class Features:
     loss_mask: torch.Tensor
     last_hidden: torch.Tensor
     aux_hidden: list[torch.Tensor]
-    target_logits: torch.Tensor
+    head: nn.Module
+
+    @functools.cached_property
+    def target_logits(self) -> torch.Tensor:
+        """(B, T, V) = head(last_hidden), computed once."""
+        with torch.no_grad():
+            return self.head(self.last_hidden.to(self.head.weight.dtype))
+
+    @functools.cached_property
+    def _trained_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row index per position (-1 where untrained) and the head's logits on trained rows:
+        every position whose next token is in the loss mask, computed once per batch."""
+        needed = shift_left(self.loss_mask, 1) > 0
+        row_of = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+        row_of[needed] = torch.arange(int(needed.sum()), device=needed.device)
+        with torch.no_grad():
+            rows = self.head(self.last_hidden[needed].to(self.head.weight.dtype))
+        return row_of, rows
+
+    def logits_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+        """Target logits (m, V) at i + shift for each position i set in `valid` (a TargetLogits).
+
+        Raises:
+            ValueError: a requested position is not a trained one (a loss asked for the wrong row).
+        """
+        row_of, rows = self._trained_rows
+        index = shift_left(row_of, shift, -1)[valid]
+        if bool((index < 0).any()):
+            raise ValueError("target logits requested at a position whose next token is not "
+                             "trained")
+        return rows[index]
 
 
 @dataclass(frozen=True)
@@ -83,7 +115,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=MedusaHeads,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: medusa_loss(m, f.input_ids, f.loss_mask, f.last_hidden,
-                                          f.target_logits),
+                                          f.logits_after),
         ),
         DrafterSpec(
             kind="eagle1",
@@ -92,7 +124,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle1Drafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: eagle1_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.last_hidden, f.target_logits),
+                                          f.last_hidden, f.logits_after),
         ),
         DrafterSpec(
             kind="eagle3",
@@ -101,7 +133,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle3Drafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.aux_hidden, f.target_logits),
+                                          f.aux_hidden, f.logits_after),
         ),
         DrafterSpec(
             kind="mtp",
@@ -110,7 +142,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=MTPDrafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: mtp_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                       f.last_hidden, f.target_logits),
+                                       f.last_hidden, f.logits_after),
         ),
     )
 }
@@ -135,7 +167,7 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
         loss_mask=batch["loss_mask"],
         last_hidden=last,
         aux_hidden=[batch[f"hidden_states.{i + 1}"] for i in aux_layers],
-        target_logits=head(last.to(head.weight.dtype)),
+        head=head,
     )
 
 

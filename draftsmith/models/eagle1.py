@@ -15,6 +15,7 @@ from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
     Rotary,
+    TargetLogits,
     drafter_layer_config,
     padded_causal_mask,
     shift_left,
@@ -84,11 +85,11 @@ class Eagle1Drafter(nn.Module):
 
 def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, features: torch.Tensor,
-                target_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                target_logits_after: TargetLogits) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SmoothL1(f_pred, f_next) + w * soft-CE(target head on f_next, head on f_pred), masked.
 
     Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
-    predicts f_{i+1}, trained where token i+2 is in the loss mask.
+    predicts f_{i+1}, trained where token i+2 is in the loss mask (heads run on those rows only).
     """
     cfg = drafter.config
     b, t = input_ids.shape
@@ -98,15 +99,16 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     predicted, _ = drafter.step(shift_left(input_ids, 1), inputs, positions,
                                 padded_causal_mask(attention_mask))
-    next_features = shift_left(features, 1)
     valid = (shift_left(loss_mask, 2) > 0) & (torch.arange(t, device=input_ids.device)[None] < t - 2)
     count = valid.sum().clamp_min(1)
-    feature_loss = (F.smooth_l1_loss(predicted.float(), next_features.float(), reduction="none")
-                    .mean(-1) * valid).sum() / count
+    predicted = predicted[valid]
+    next_features = shift_left(features, 1)[valid]
+    feature_loss = F.smooth_l1_loss(predicted.float(), next_features.float(),
+                                    reduction="none").mean(-1).sum() / count
     draft_logp = torch.log_softmax(drafter.logits(predicted).float(), dim=-1)
-    target_p = torch.softmax(shift_left(target_logits, 1).float(), dim=-1)
-    token_loss = (-(target_p * draft_logp).sum(-1) * valid).sum() / count
+    target_p = torch.softmax(target_logits_after(valid, 1).float(), dim=-1)
+    token_loss = -(target_p * draft_logp).sum() / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    hits = (draft_logp.argmax(-1) == target_p.argmax(-1)) & valid
+    hits = draft_logp.argmax(-1) == target_p.argmax(-1)
     return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
                   "acc_0": hits.sum().float() / count}

@@ -17,6 +17,7 @@ from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
     Rotary,
+    TargetLogits,
     drafter_layer_config,
     shift_left,
 )
@@ -132,11 +133,14 @@ class Eagle3Drafter(nn.Module):
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, past: KV | None = None,
-             extra_kv: list[KV] | None = None) -> tuple[torch.Tensor, torch.Tensor, KV]:
-        """One drafter pass. tokens (B, T), hidden (B, T, H) -> (h_out, draft logits (B,T,Vd), kv)"""
+             extra_kv: list[KV] | None = None, with_logits: bool = True):
+        """One drafter pass. tokens (B, T), hidden (B, T, H) ->
+        (h_out, draft logits (B, T, Vd), kv), or (h_out, kv) when `with_logits` is False."""
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, position_ids)
         out, kv = self.midlayer.run(embeds, hidden, cos, sin, mask, past, extra_kv)
+        if not with_logits:
+            return out, kv
         return out, self.lm_head(self.norm(out)), kv
 
 
@@ -157,7 +161,8 @@ def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
 
 def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
-                target_logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                target_logits_after: TargetLogits
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Training-time-test loss of EAGLE-3.
 
     Step j at position i feeds token i+1+j and the previous step's output (step 0: fused target
@@ -165,42 +170,45 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     to the draft vocabulary, where that token is in the loss mask and the target's argmax is in the
     draft vocabulary. Total = sum_j w^j * mean soft cross-entropy_j.
 
+    Heads (the target's full-vocabulary head and the draft head) run only on trained positions:
+    on regenerated chat data most tokens are prompt, and the heads dominate the cost on a CPU.
+
     Args:
         input_ids, attention_mask, loss_mask: (B, T).
         aux_hidden: three (B, T, H) target layer outputs.
-        target_logits: (B, T, V) target logits (from the last hidden state and frozen head).
+        target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
 
     Returns:
         (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target) and `loss_{j}`.
     """
     cfg = drafter.config
     b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    device = input_ids.device
+    positions = torch.arange(t, device=device)[None].expand(b, t)
     draft_ids = drafter.draft_ids()
-    target_probs = torch.softmax(target_logits.float(), dim=-1)
-    target_argmax = target_probs.argmax(-1)
-    in_vocab = drafter.t2d[target_argmax]
-    draft_probs_target = target_probs[..., draft_ids]
-    draft_probs_target = draft_probs_target / draft_probs_target.sum(-1, keepdim=True).clamp_min(1e-12)
 
     masks = ttt_masks(attention_mask, cfg.ttt_steps)
     hidden = drafter.fuse(aux_hidden)
     cache: list[KV] = []
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
+    index = torch.arange(t, device=device)[None]
     for j in range(cfg.ttt_steps):
-        tokens = shift_left(input_ids, 1 + j)
-        out, logits, kv = drafter.step(tokens, hidden, positions + j, masks[j], extra_kv=cache)
+        out, kv = drafter.step(shift_left(input_ids, 1 + j), hidden, positions + j, masks[j],
+                               extra_kv=cache, with_logits=False)
         cache = [*cache, kv]
-        target_j = shift_left(draft_probs_target, 1 + j)
-        valid = (shift_left(loss_mask, 2 + j) > 0) & shift_left(in_vocab, 1 + j, False)
-        valid = valid & (torch.arange(t, device=valid.device)[None] < t - 2 - j)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        per_token = -(target_j * logp).sum(-1)
+        valid = (shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j)
+        with torch.no_grad():
+            rows = target_logits_after(valid, 1 + j).float()
+            target_choice = rows.argmax(-1)
+            in_vocab = drafter.t2d[target_choice]
+            target_j = torch.softmax(rows[in_vocab][:, draft_ids], dim=-1)
+        valid[valid.clone()] = in_vocab
         count = valid.sum().clamp_min(1)
-        step_loss = (per_token * valid).sum() / count
+        logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[valid])).float(), dim=-1)
+        step_loss = -(target_j * logp).sum() / count
         total = total + cfg.step_weight ** j * step_loss
-        hits = (draft_ids[logits.argmax(-1)] == shift_left(target_argmax, 1 + j)) & valid
+        hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
         metrics[f"loss_{j}"] = step_loss.detach()
         metrics[f"acc_{j}"] = hits.sum().float() / count
         hidden = out

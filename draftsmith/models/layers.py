@@ -7,6 +7,8 @@ head dim, RoPE, norm eps), so the same code serves Llama, Qwen2 and other Llama-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +21,16 @@ from transformers.models.llama.modeling_llama import (
 )
 
 KV = tuple[torch.Tensor, torch.Tensor]
+
+# target_logits_after(valid, shift): the target's logits (m, V) at position i + shift for every
+# position i where the (B, T) bool mask `valid` is set. Losses only ask for trained positions, so
+# the target's full-vocabulary head runs on those rows alone.
+TargetLogits = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def dense_target_logits(logits: torch.Tensor) -> TargetLogits:
+    """A TargetLogits over precomputed (B, T, V) logits."""
+    return lambda valid, shift: shift_left(logits, shift)[valid]
 
 
 def drafter_layer_config(target_config, **overrides) -> LlamaConfig:

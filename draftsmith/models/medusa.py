@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import shift_left
+from draftsmith.models.layers import TargetLogits, shift_left
 
 
 @dataclass
@@ -78,24 +78,24 @@ class MedusaHeads(nn.Module):
 
 
 def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                features: torch.Tensor, target_logits: torch.Tensor
+                features: torch.Tensor, target_logits_after: TargetLogits
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """sum_k w^k CE(head_k(h_t), token_{t+2+k}) over loss-masked targets; accuracy of head k is
-    its agreement with the target's own greedy choice for that token (argmax of logits t+1+k)."""
-    logits = heads(features)
-    target_argmax = target_logits.argmax(-1)
+    its agreement with the target's own greedy choice for that token (argmax of logits t+1+k).
+    Heads run only on trained positions."""
     t = input_ids.shape[1]
-    positions = torch.arange(t, device=input_ids.device)[None]
-    total = logits.new_zeros((), dtype=torch.float32)
+    index = torch.arange(t, device=input_ids.device)[None]
+    dtype = heads.heads[0][-1].weight.dtype
+    total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
-    for k in range(logits.shape[0]):
-        labels = shift_left(input_ids, 2 + k)
-        valid = (shift_left(loss_mask, 2 + k) > 0) & (positions < t - 2 - k)
+    for k, head in enumerate(heads.heads):
+        valid = (shift_left(loss_mask, 2 + k) > 0) & (index < t - 2 - k)
         count = valid.sum().clamp_min(1)
-        ce = F.cross_entropy(logits[k].float().flatten(0, 1), labels.flatten(), reduction="none")
-        head_loss = (ce.view_as(labels) * valid).sum() / count
+        logits = head(features[valid].to(dtype)).float()
+        labels = shift_left(input_ids, 2 + k)[valid]
+        head_loss = F.cross_entropy(logits, labels, reduction="sum") / count
         total = total + heads.config.head_weight ** k * head_loss
-        hits = (logits[k].argmax(-1) == shift_left(target_argmax, 1 + k)) & valid
+        hits = logits.argmax(-1) == target_logits_after(valid, 1 + k).argmax(-1)
         metrics[f"loss_{k}"] = head_loss.detach()
         metrics[f"acc_{k}"] = hits.sum().float() / count
     return total, metrics

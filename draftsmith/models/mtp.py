@@ -19,6 +19,7 @@ from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
     Rotary,
+    TargetLogits,
     drafter_layer_config,
     padded_causal_mask,
     shift_left,
@@ -83,43 +84,46 @@ class MTPDrafter(nn.Module):
         self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
         self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
 
-    def module_step(self, k: int, tokens, hidden, position_ids, mask, past=None):
+    def module_hidden(self, k: int, tokens, hidden, position_ids, mask, past=None):
         """Module k (0-based here): tokens (B, T) = t_{i+k+1}, hidden (B, T, H) = h^k ->
-        (h^{k+1}, logits (B, T, V), new (keys, values))."""
-        module = self.layers[k]
+        (h^{k+1}, new (keys, values))."""
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, position_ids)
-        out, kv = module(embeds, hidden, cos, sin, mask, past)
-        return out, self.lm_head(module.shared_head.norm(out)), kv
+        return self.layers[k](embeds, hidden, cos, sin, mask, past)
+
+    def module_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Module k's next-token logits from its output hidden states. (..., V)"""
+        return self.lm_head(self.layers[k].shared_head.norm(hidden))
+
+    def module_step(self, k: int, tokens, hidden, position_ids, mask, past=None):
+        """`module_hidden` then `module_logits`: (h^{k+1}, logits (B, T, V), new (keys, values))."""
+        out, kv = self.module_hidden(k, tokens, hidden, position_ids, mask, past)
+        return out, self.module_logits(k, out), kv
 
 
 def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             loss_mask: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor
+             loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead).
-
-    Accuracy of module k is agreement with the target's own greedy choice for that token.
-    """
+    """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead), on trained
+    positions only. Accuracy of module k is agreement with the target's own greedy choice."""
     cfg = drafter.config
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     mask = padded_causal_mask(attention_mask)
     weights = [cfg.step_weight ** k for k in range(cfg.num_modules)]
     norm = sum(weights)
-    target_argmax = target_logits.argmax(-1)
     hidden = features
     total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
     for k in range(cfg.num_modules):
-        hidden, logits, _ = drafter.module_step(k, shift_left(input_ids, k + 1), hidden, positions,
-                                                mask)
-        labels = shift_left(input_ids, k + 2)
+        hidden, _ = drafter.module_hidden(k, shift_left(input_ids, k + 1), hidden, positions, mask)
         valid = (shift_left(loss_mask, k + 2) > 0) & (positions < t - k - 2)
         count = valid.sum().clamp_min(1)
-        ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-        step_loss = (ce.view_as(labels) * valid).sum() / count
+        logits = drafter.module_logits(k, hidden[valid]).float()
+        labels = shift_left(input_ids, k + 2)[valid]
+        step_loss = F.cross_entropy(logits, labels, reduction="sum") / count
         total = total + weights[k] / norm * step_loss
-        hits = (logits.argmax(-1) == shift_left(target_argmax, k + 1)) & valid
+        hits = logits.argmax(-1) == target_logits_after(valid, k + 1).argmax(-1)
         metrics[f"loss_{k}"] = step_loss.detach()
         metrics[f"acc_{k}"] = hits.sum().float() / count
     return total, metrics

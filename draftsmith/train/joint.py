@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.models.layers import dense_target_logits
 from draftsmith.models.medusa import MedusaConfig, medusa_loss
 
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -38,6 +39,7 @@ def medusa2_loss(heads, peft_target, batch: dict) -> tuple[torch.Tensor, dict]:
     logp = torch.log_softmax(out.logits.float(), -1)
     kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
     kl = (kl * valid).sum() / valid.sum().clamp_min(1)
-    heads_loss, metrics = medusa_loss(heads, ids, loss_mask, out.hidden_states[-1], reference)
+    heads_loss, metrics = medusa_loss(heads, ids, loss_mask, out.hidden_states[-1],
+                                      dense_target_logits(reference))
     total = kl + heads.config.heads_weight_joint * heads_loss
     return total, {**metrics, "distill_kl": kl.detach()}

@@ -77,7 +77,7 @@ def test_ttt_loss_equals_the_step_by_step_reference():
     loss_mask[0, :3] = 0
     feats = target_features(target, input_ids, attention_mask, loss_mask, drafter.layer_ids)
     loss, _ = eagle3_loss(drafter, input_ids, attention_mask, loss_mask, feats.aux_hidden,
-                          feats.target_logits)
+                          feats.logits_after)
     expected = reference_loss(drafter, input_ids, loss_mask, feats.aux_hidden, feats.target_logits)
     torch.testing.assert_close(loss, expected.float(), rtol=1e-4, atol=1e-5)
     # and gradients agree too
