@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 OUT=runs/quickstart
 .venv/bin/draftsmith train --config recipes/smollm2-135m/eagle3.yaml \
-  data.limit=320 data.max_length=384 data.regenerate.max_new_tokens=160 data.out_dir=$OUT/data \
-  train.max_steps=240 train.warmup_steps=20 train.batch_size=8 train.max_length=384 \
-  train.eval_every=0 train.save_every=60 train.output_dir=$OUT/eagle3
+  data.limit=320 data.max_length=320 data.regenerate.max_new_tokens=128 data.out_dir=$OUT/data \
+  train.max_steps=160 train.warmup_steps=16 train.batch_size=4 train.max_length=320 \
+  train.lr=5e-4 train.eval_every=0 train.save_every=40 train.output_dir=$OUT/eagle3
 .venv/bin/draftsmith eval --target smollm2-135m-instruct --dtype bfloat16 \
   --drafter $OUT/eagle3/drafter --methods plain,drafter,prompt_lookup \
   --bench mt_bench,humaneval,gsm8k --limit 2 --max-new-tokens 96 --out $OUT/eval

@@ -64,8 +64,9 @@ class Eagle1Drafter(nn.Module):
     def step(self, tokens: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
         """tokens (B, T) (the token after each feature), features (B, T, H) -> predicted features."""
-        embeds = self.embed_tokens(tokens).to(features.dtype)
-        x = self.fc(torch.cat([embeds, features], dim=-1))
+        dtype = self.fc.weight.dtype
+        embeds = self.embed_tokens(tokens).to(dtype)
+        x = self.fc(torch.cat([embeds, features.to(dtype)], dim=-1))
         cos, sin = self.rotary(x, position_ids)
         return self.layers[0](x, x, cos, sin, mask, past)
 

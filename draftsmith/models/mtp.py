@@ -87,6 +87,7 @@ class MTPDrafter(nn.Module):
     def module_hidden(self, k: int, tokens, hidden, position_ids, mask, past=None):
         """Module k (0-based here): tokens (B, T) = t_{i+k+1}, hidden (B, T, H) = h^k ->
         (h^{k+1}, new (keys, values))."""
+        hidden = hidden.to(self.layers[k].eh_proj.weight.dtype)
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, position_ids)
         return self.layers[k](embeds, hidden, cos, sin, mask, past)

@@ -81,3 +81,21 @@ def test_unknown_setting_names_the_valid_ones():
         get_spec("eagle3").make_config({"ttt_stepz": 3})
     with pytest.raises(DraftsmithError, match="medusa"):
         get_spec("eagle4")
+
+
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_fp32_drafter_trains_on_bf16_target_features(kind):
+    target = tiny_target("qwen2", dtype=torch.bfloat16)
+    spec = get_spec(kind)
+    config = spec.make_config(SMALL[kind])
+    drafter = spec.build(target.config, config)
+    drafter.init_from_target(target)
+    input_ids, attention_mask, loss_mask = _batch()
+    features = target_features(target, input_ids, attention_mask, loss_mask,
+                               spec.aux_layers(target.config.num_hidden_layers, config))
+    assert features.last_hidden.dtype == torch.bfloat16
+    loss, _ = spec.loss(drafter, features)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in drafter.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
