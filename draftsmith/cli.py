@@ -8,8 +8,6 @@ import sys
 from draftsmith.errors import DraftsmithError
 
 NOT_YET = {
-    "export": ("export a checkpoint for vLLM / SGLang / reference code", 5),
-    "push": ("push an exported drafter to the Hugging Face Hub", 5),
     "bench": ("train and evaluate every drafter kind on real targets", 6),
 }
 
@@ -126,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.set_defaults(func=cmd_generate)
 
     from draftsmith.data.cli import add_data_parser
+    from draftsmith.export.cli import add_export_parser, add_push_parser
 
     add_data_parser(verbs)
 
@@ -164,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "machine and pick the size with the best expected tokens/s")
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
     ev.set_defaults(func=cmd_eval)
+
+    add_export_parser(verbs)
+    add_push_parser(verbs)
 
     for verb, (summary, issue) in NOT_YET.items():
         sub = verbs.add_parser(verb, help=f"{summary} (not implemented yet)")

@@ -33,7 +33,8 @@ from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import format_table, write_json, write_plots
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.eval.sampling import SamplingConfig
-from draftsmith.models.loading import load_drafter, merge_lora
+from draftsmith.export.importer import load_any_drafter
+from draftsmith.models.loading import merge_lora
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.target import load_target
 
@@ -158,7 +159,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         check_same_vocab(target.model, draft_model)
     drafter = None
     if any(m in NEEDS_DRAFTER for m in config.methods):
-        drafter = load_drafter(config.drafter, target.model)
+        drafter = load_any_drafter(config.drafter, target.model)
         log(f"drafter: {drafter.kind} from {config.drafter} "
             f"({drafter.meta.get('training_steps', '?')} training steps)")
         if drafter.meta.get("lora"):

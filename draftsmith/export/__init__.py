@@ -1,0 +1,49 @@
+"""Export trained drafters to the checkpoint layouts serving engines load (EAGLE-3 official /
+SGLang and speculators / vLLM, EAGLE-1/2, Medusa, DeepSeek-V3 MTP), import those layouts back,
+validate them against a target, write model cards and push to the Hugging Face Hub.
+
+Public API:
+    export_drafter(ckpt, fmt, out, eval_json=None, options=None) -> Path
+    load_exported(folder, target_model, allow_pickle=False) -> LoadedDrafter
+    load_any_drafter(folder, target_model) -> LoadedDrafter  (export or draftsmith's own folder)
+    is_exported_folder(folder) -> bool
+    check_exported(folder, target_config) -> ExportedDrafter
+    push_folder(folder, repo_id, private=False, revision=None, dry_run=False) -> commit URL
+    add_export_parser(subparsers), add_push_parser(subparsers): the CLI verbs
+
+Names are imported on first use, so `draftsmith --help` does not pay for torch and transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "add_export_parser": "cli",
+    "add_push_parser": "cli",
+    "ExportedDrafter": "exported",
+    "ExportFormat": "exported",
+    "ExportOptions": "exported",
+    "export_drafter": "exporter",
+    "FORMATS": "formats",
+    "detect_format": "formats",
+    "get_format": "formats",
+    "check_exported": "importer",
+    "is_exported_folder": "importer",
+    "load_any_drafter": "importer",
+    "load_exported": "importer",
+    "read_exported": "importer",
+    "push_folder": "push",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'draftsmith.export' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"draftsmith.export.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

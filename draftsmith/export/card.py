@@ -1,0 +1,180 @@
+"""The model card (README.md) of an export: what the drafter is, how it was trained, how fast it
+measured and how to serve it.
+
+Every number comes from a file: training facts from `draftsmith_drafter.json`, results from the
+`eval.json` that `draftsmith eval` wrote. Nothing is typed by hand; without an eval.json the card
+says "not evaluated".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.exported import ExportFormat
+from draftsmith.export.weights import read_json
+
+KIND_TITLES = {"eagle3": "EAGLE-3", "eagle1": "EAGLE-1/2", "medusa": "Medusa", "mtp": "MTP"}
+DRAFTER = "DRAFTER_PATH_OR_REPO"
+
+
+def read_eval(path: str | Path, meta: dict) -> dict:
+    """An eval.json written by `draftsmith eval --drafter` for this very drafter.
+
+    Raises:
+        DraftsmithError: unreadable file, no drafter results, or results of another drafter
+            (kind, target or training steps differ from the checkpoint's metadata).
+    """
+    payload = read_json(Path(path))
+    summary = payload.get("summary")
+    measured = payload.get("drafter")
+    if not isinstance(summary, dict) or not measured:
+        raise DraftsmithError(f"{path} has no drafter results; run `draftsmith eval --drafter CKPT "
+                              "--target T` and pass the eval.json it writes")
+    for key, ours in (("kind", meta.get("kind")), ("target", meta.get("target")),
+                      ("training_steps", meta.get("training_steps"))):
+        theirs = measured.get(key)
+        if ours is not None and theirs is not None and theirs != ours:
+            raise DraftsmithError(f"{path} measured a drafter with {key}={theirs!r} but this "
+                                  f"checkpoint has {key}={ours!r}; evaluate this checkpoint first")
+    if not any(m.startswith("drafter") for rows in summary.values() for m in rows):
+        raise DraftsmithError(f"{path} has no `drafter*` method in its summary")
+    return payload
+
+
+def _number(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _eval_section(payload: dict | None) -> list[str]:
+    if payload is None:
+        return ["Not evaluated: this export was made without `--eval-json`. Measure it with",
+                "`draftsmith eval --drafter CKPT --target T` and export again with",
+                "`--eval-json RUN/eval.json`.", ""]
+    config = payload.get("config") or {}
+    sampling = config.get("sampling") or {}
+    lines = ["| set | method | tau | speedup | tokens/s | acceptance by depth | identical to plain |",
+             "|---|---|---|---|---|---|---|"]
+    for set_name, rows in payload["summary"].items():
+        for method, row in rows.items():
+            if method != "plain" and not method.startswith("drafter"):
+                continue
+            depth = ", ".join(_number(a) for a in (row.get("acceptance_by_depth") or [])[:6])
+            identical = row.get("identical_to_plain")
+            lines.append(
+                f"| {set_name} | {method} | {_number(row.get('tau'))} | "
+                f"{_number(row.get('speedup'))}x | {_number(row.get('tokens_per_second'), 1)} | "
+                f"{depth or 'n/a'} | {'n/a' if identical is None else f'{identical:.0%}'} |")
+    lines += [
+        "",
+        f"Measured by `draftsmith eval` on {payload.get('hardware', 'unknown hardware')}, "
+        f"{payload.get('date', 'unknown date')}, commit `{payload.get('commit', '?')}`: "
+        f"dtype {config.get('dtype', '?')}, temperature {sampling.get('temperature', '?')}, "
+        f"{config.get('limit', '?')} prompt(s) per set, {config.get('max_new_tokens', '?')} new "
+        "tokens. tau = tokens per target forward including the bonus token; speedup = tokens/s "
+        "against plain decoding in the same run. Copied from eval.json.",
+        ""]
+    return lines
+
+
+def _serving(fmt: ExportFormat, base: str) -> list[str]:
+    spec_config = {"speculators": "eagle3", "eagle": "eagle"}
+    steps = {"speculators": 3, "eagle": 5}
+    vllm = {name: [f"vllm serve {base} --speculative-config \\",
+                   f"  '{{\"method\": \"{method}\", \"model\": \"{DRAFTER}\", "
+                   f"\"num_speculative_tokens\": {steps[name]}}}'"]
+            for name, method in spec_config.items()}
+    sglang = {name: [f"python -m sglang.launch_server --model-path {base} \\",
+                     f"  --speculative-algorithm {algorithm} --speculative-draft-model-path "
+                     f"{DRAFTER} \\",
+                     "  --speculative-num-steps 5 --speculative-eagle-topk 8 "
+                     "--speculative-num-draft-tokens 32"]
+              for name, algorithm in (("eagle3", "EAGLE3"), ("eagle", "EAGLE"))}
+    other = {
+        "eagle3": ("vLLM", "export with `--format speculators` for vLLM: vLLM reads the aux layer "
+                   "ids of this layout with a different offset"),
+        "speculators": ("SGLang", "export with `--format eagle3` for SGLang"),
+        "medusa": ("vLLM / SGLang", "this is FasterDecoding/Medusa's layout, loaded by its own "
+                   "code and by Text Generation Inference; vLLM's Medusa loader needs another "
+                   "layout and SGLang has no Medusa"),
+        "mtp": ("vLLM / SGLang", "engines serve MTP modules (`method: mtp` / NextN) only for "
+                "targets with native MTP support (DeepSeek-V3 and similar); for this target "
+                "evaluate it with draftsmith"),
+    }
+    lines = ["## Serving", "", f"Replace `{DRAFTER}` with this folder or its Hub repo id.", ""]
+    for engine, snippets in (("vLLM", vllm), ("SGLang", sglang)):
+        if fmt.name in snippets:
+            lines += [f"### {engine}", "", "```bash", *snippets[fmt.name], "```", ""]
+    if fmt.name in other:
+        engine, note = other[fmt.name]
+        lines += [f"### {engine}", "", f"Not from this folder: {note}.", ""]
+    lines += ["### draftsmith", "", "```bash", f"draftsmith eval --drafter {DRAFTER} --target {base}",
+              "```", ""]
+    return lines
+
+
+def _data_line(data: dict) -> str:
+    if not data:
+        return "not recorded"
+    parts = [f"{k} {v}" for k, v in data.items() if not isinstance(v, dict) and k != "out_dir"]
+    regen = data.get("regenerate")
+    if isinstance(regen, dict):
+        parts.append("responses regenerated by the target (" + ", ".join(
+            f"{k} {v}" for k, v in regen.items()) + ")")
+    return "; ".join(parts)
+
+
+def _recipe_line(recipe: dict) -> str:
+    train = recipe.get("train") or {}
+    keys = ("lr", "batch_size", "grad_accum", "max_steps", "warmup_steps", "max_length",
+            "features")
+    return ", ".join(f"{k} {train[k]}" for k in keys if k in train) or "not recorded"
+
+
+def model_card(meta: dict, fmt: ExportFormat, base_model: str | None, files: dict[str, int],
+               eval_payload: dict | None) -> str:
+    """README.md text with Hub YAML front matter.
+
+    Args:
+        meta: the checkpoint's `draftsmith_drafter.json`.
+        fmt: the export format written.
+        base_model: Hub id of the target (None when it has none, e.g. a local folder).
+        files: exported file name -> size in bytes.
+        eval_payload: from `read_eval`, or None ("not evaluated").
+    """
+    kind = meta["kind"]
+    target = base_model or meta.get("target") or "the target"
+    front = {"library_name": "speculators" if fmt.name == "speculators" else "draftsmith",
+             **({"base_model": base_model} if base_model else {}),
+             "tags": list(dict.fromkeys(["speculative-decoding", "draftsmith", kind, fmt.name]))}
+    recipe = meta.get("recipe") or {}
+    settings = meta.get("drafter_config") or {}
+    facts = [("Target", f"`{target}`"), ("Drafter kind", f"{kind} ({KIND_TITLES.get(kind, kind)})"),
+             ("Export format", f"{fmt.name}: {fmt.description}"),
+             ("Training steps", f"{meta.get('training_steps', 'not recorded')} "
+                                f"({meta.get('num_processes', '?')} process(es))"),
+             ("Data", _data_line(recipe.get("data") or {})),
+             ("Recipe", _recipe_line(recipe))]
+    if meta.get("aux_layers"):
+        facts.append(("Aux layers", f"{meta['aux_layers']} (0-based target layer outputs)"))
+    if "draft_vocab_size" in settings:
+        facts.append(("Draft vocab", f"{settings['draft_vocab_size']} of "
+                                     f"{meta['target_config'].get('vocab_size', '?')} tokens"))
+    if meta.get("lora"):
+        facts.append(("Medusa-2", "the target was fine-tuned jointly through LoRA; the adapter is "
+                                  "in `lora/` and must be merged into the target to serve"))
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+             f"# {KIND_TITLES.get(kind, kind)} drafter for {target}", "",
+             f"A speculative-decoding drafter trained with draftsmith against the frozen target "
+             f"`{target}`.", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts], "",
+             "## Evaluation", "", *_eval_section(eval_payload), *_serving(fmt, target),
+             "## Files", "", *[f"- `{name}` ({size:,} bytes)" for name, size in files.items()], ""]
+    if recipe:
+        lines += ["## Training recipe", "", "```yaml", yaml.safe_dump(recipe, sort_keys=False).strip(),
+                  "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""EAGLE-3 in the two layouts serving engines load.
+
+`eagle3` (official / SGLang / SpecForge): `config.json` of a one-layer Llama with
+`architectures: ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, `target_hidden_size`,
+`tie_word_embeddings: false` and `eagle_config.eagle_aux_hidden_state_layer_ids`; weights
+`fc.weight [H, 3H]`, `midlayer.*`, `norm.weight`, `lm_head.weight [Vd, H]`, `d2t` int64 [Vd],
+`t2d` bool [V], optional `embed_tokens.weight` in `model.safetensors`. Matched against SGLang's
+`models/llama_eagle3.py` (`LlamaForCausalLMEagle3`: reads `target_hidden_size`, ties the head to
+the embedding when `tie_word_embeddings` is true, turns `d2t` into hot token ids) and SpecForge's
+`configs/*-eagle3.json`. The ids in `eagle_config` are 0-based layer OUTPUTS (SpecForge and the
+reference EAGLE code read `hidden_states[i + 1]`; SGLang's `set_eagle3_layers_to_capture` adds 1).
+
+`speculators` (vLLM): `architectures: ["Eagle3DraftModel"]`, `speculators_model_type: "eagle3"`,
+`transformer_layer_config`, `speculators_config` {algorithm, default_proposal_method,
+proposal_methods, verifier}, the `norm_*` switches all false, and top-level
+`eagle_aux_hidden_state_layer_ids` in vLLM's numbering: the index into `hidden_states`, i.e. the
+layer output + 1 (vLLM captures the input of layer i; speculators' default is [2, N//2, N-3]).
+Weights as above with `layers.0.*` instead of `midlayer.*`; `d2t`/`t2d` only when Vd < V. Matched
+against speculators 0.9.0 (`Eagle3SpeculatorConfig`, `Eagle3DraftModel`, its Eagle-3 converter
+that renames `midlayer.` to `layers.0.`) and vLLM's speculators config adapter, which requires
+`speculators_config.proposal_methods[0].speculative_tokens`, `verifier.name_or_path` and
+`transformer_layer_config`, and defaults `norm_before_residual` to true when the key is absent (it
+is always written here).
+
+Serve the `eagle3` layout with SGLang and the `speculators` layout with vLLM: the two engines read
+the ids in `eagle_config` with different offsets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.exported import ExportedDrafter, ExportOptions
+from draftsmith.export.source import (
+    DraftsmithCheckpoint,
+    base_model_id,
+    cast_floats,
+    float_dtype_name,
+    llama_layer_dict,
+    require_shape,
+)
+from draftsmith.export.validate import check_layer_ids
+from draftsmith.export.weights import write_weights
+from draftsmith.models.eagle3 import eagle3_layer_ids
+
+WEIGHTS_FILE = "model.safetensors"
+OUR_PREFIXES = ("embed_tokens.", "fc.", "midlayer.", "norm.", "lm_head.")
+OUR_BUFFERS = ("d2t", "t2d")
+SPECULATIVE_TOKENS = 3  # speculators' own default proposal length; vLLM's flag overrides it
+
+
+def _drafter_tensors(ckpt: DraftsmithCheckpoint, opts: ExportOptions) -> dict[str, torch.Tensor]:
+    """The checkpoint's EAGLE-3 tensors, shape-checked against the recorded target config."""
+    where = f"{ckpt.folder}"
+    tensors = {k: v for k, v in ckpt.tensors.items() if not k.startswith("rotary.")}
+    unknown = [k for k in tensors if not k.startswith(OUR_PREFIXES) and k not in OUR_BUFFERS]
+    if unknown:
+        raise DraftsmithError(f"{where}: unexpected tensors for an EAGLE-3 drafter: {unknown[:5]}")
+    layer = ckpt.layer_config()
+    hidden, vocab = layer.hidden_size, ckpt.target_config.vocab_size
+    if "lm_head.weight" not in tensors:
+        raise DraftsmithError(f"{where}: tensor 'lm_head.weight' is missing")
+    draft_vocab = tensors["lm_head.weight"].shape[0]
+    require_shape(tensors, "lm_head.weight", (draft_vocab, hidden), where)
+    require_shape(tensors, "fc.weight", (hidden, 3 * hidden), where)
+    require_shape(tensors, "midlayer.self_attn.q_proj.weight",
+                  (layer.num_attention_heads * layer.head_dim, 2 * hidden), where)
+    require_shape(tensors, "d2t", (draft_vocab,), where)
+    require_shape(tensors, "t2d", (vocab,), where)
+    if opts.skip_frozen:
+        tensors.pop("embed_tokens.weight", None)
+    return cast_floats(tensors, opts.dtype)
+
+
+def _layer_ids(ckpt: DraftsmithCheckpoint) -> list[int]:
+    ids = ckpt.aux_layers() or (ckpt.meta.get("drafter_config") or {}).get("layer_ids") \
+        or eagle3_layer_ids(ckpt.target_config.num_hidden_layers)
+    check_layer_ids(list(ids), ckpt.target_config.num_hidden_layers, f"{ckpt.folder}")
+    return list(ids)
+
+
+def write_eagle3(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dict:
+    """Write the official/SGLang layout; returns the config written to config.json."""
+    tensors = _drafter_tensors(ckpt, opts)
+    layer = ckpt.layer_config()
+    vocab = ckpt.target_config.vocab_size
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_layer_dict(layer, vocab, float_dtype_name(tensors)),
+        "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
+        "target_hidden_size": layer.hidden_size,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layer_ids(ckpt),
+                         "use_aux_hidden_state": True},
+    }
+    write_weights(tensors, out / WEIGHTS_FILE)
+    return config
+
+
+def write_speculators(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dict:
+    """Write the speculators layout vLLM serves; returns the config written to config.json."""
+    tensors = _drafter_tensors(ckpt, opts)
+    layer = ckpt.layer_config()
+    target = ckpt.target_config
+    vocab = target.vocab_size
+    draft_vocab = int(tensors["lm_head.weight"].shape[0])
+    renamed = {("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
+               for k, v in tensors.items()}
+    if draft_vocab == vocab:  # speculators builds no mapping buffers for a full draft vocab
+        renamed = {k: v for k, v in renamed.items() if k not in OUR_BUFFERS}
+    verifier = opts.base_model or base_model_id(ckpt.meta.get("target"))
+    config = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": layer.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in _layer_ids(ckpt)],
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "transformer_layer_config": llama_layer_dict(layer, vocab, float_dtype_name(tensors)),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": SPECULATIVE_TOKENS,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier,
+                         "architectures": list(getattr(target, "architectures", None) or [])},
+        },
+        "torch_dtype": float_dtype_name(tensors),
+    }
+    write_weights(renamed, out / WEIGHTS_FILE)
+    return config
+
+
+def matches_eagle3(config: dict, names: set[str]) -> bool:
+    archs = config.get("architectures") or []
+    return "speculators_model_type" not in config and (
+        any("Eagle3" in a for a in archs) or any(n.startswith("midlayer.") for n in names))
+
+
+def matches_speculators(config: dict, names: set[str]) -> bool:
+    return config.get("speculators_model_type") == "eagle3"
+
+
+def _read_common(fmt: str, tensors: dict[str, torch.Tensor], hidden: int, vocab: int | None,
+                 draft_vocab: int | None, ids: list[int], base_model: str | None,
+                 where: str) -> ExportedDrafter:
+    unknown = [k for k in tensors if not k.startswith(OUR_PREFIXES) and k not in OUR_BUFFERS]
+    if unknown:
+        raise DraftsmithError(f"{where}: tensors draftsmith's EAGLE-3 drafter does not have: "
+                              f"{unknown[:5]} (more than one decoder layer, or a variant with "
+                              "extra norms, is not supported)")
+    if "fc.bias" in tensors:
+        raise DraftsmithError(f"{where}: an `fc` with bias is not supported by draftsmith's EAGLE-3")
+    if "lm_head.weight" not in tensors:
+        raise DraftsmithError(f"{where}: lm_head.weight is missing (EAGLE-3's head is trained; it "
+                              "cannot be taken from the target)")
+    rows = tensors["lm_head.weight"].shape[0]
+    draft_vocab = draft_vocab or rows
+    if rows != draft_vocab:
+        raise DraftsmithError(f"{where}: draft_vocab_size={draft_vocab} but lm_head.weight has "
+                              f"{rows} rows")
+    if "d2t" not in tensors:
+        if vocab is not None and draft_vocab != vocab:
+            raise DraftsmithError(f"{where}: draft_vocab_size={draft_vocab} < vocab_size={vocab} "
+                                  "but the d2t / t2d vocabulary mapping is missing")
+        tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+        tensors["t2d"] = torch.ones(vocab or draft_vocab, dtype=torch.bool)
+    tensors["d2t"] = tensors["d2t"].long()
+    tensors["t2d"] = tensors["t2d"].bool()
+    return ExportedDrafter(
+        format=fmt, kind="eagle3",
+        settings={"draft_vocab_size": draft_vocab, "layer_ids": list(ids) or None},
+        state=tensors, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab,
+        aux_layer_ids=list(ids), base_model=base_model)
+
+
+def read_eagle3(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
+                ) -> ExportedDrafter:
+    """Official/SGLang layout -> draftsmith EAGLE-3 names (already the same)."""
+    if config.get("num_hidden_layers", 1) != 1:
+        raise DraftsmithError(f"{where}: num_hidden_layers={config['num_hidden_layers']}; "
+                              "draftsmith's EAGLE-3 has exactly one decoder layer")
+    hidden = config.get("hidden_size") or tensors["fc.weight"].shape[0]
+    target_hidden = config.get("target_hidden_size") or hidden
+    if target_hidden != hidden:
+        raise DraftsmithError(f"{where}: target_hidden_size={target_hidden} differs from the "
+                              f"drafter's hidden_size={hidden}; draftsmith's EAGLE-3 needs them equal")
+    ids = list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
+    return _read_common("eagle3", dict(tensors), hidden, config.get("vocab_size"),
+                        config.get("draft_vocab_size"), ids, None, where)
+
+
+def read_speculators(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
+                     ) -> ExportedDrafter:
+    """speculators layout -> draftsmith EAGLE-3 names (`layers.0.` -> `midlayer.`)."""
+    unsupported = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+                   if config.get(k)]
+    if unsupported:
+        raise DraftsmithError(f"{where}: speculators options {unsupported} are set; draftsmith's "
+                              "EAGLE-3 layer implements none of them")
+    layer = config.get("transformer_layer_config") or {}
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise DraftsmithError(f"{where}: transformer_layer_config.num_hidden_layers="
+                              f"{layer['num_hidden_layers']}; draftsmith's EAGLE-3 has one layer")
+    hidden = layer.get("hidden_size") or tensors["fc.weight"].shape[0]
+    target_hidden = config.get("target_hidden_size") or hidden
+    if target_hidden != hidden:
+        raise DraftsmithError(f"{where}: target_hidden_size={target_hidden} differs from the "
+                              f"drafter's hidden_size={hidden}; draftsmith's EAGLE-3 needs them equal")
+    renamed = {("midlayer." + k.removeprefix("layers.0.")) if k.startswith("layers.0.") else k: v
+               for k, v in tensors.items()}
+    ids = [i - 1 for i in config.get("eagle_aux_hidden_state_layer_ids") or []]
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return _read_common("speculators", renamed, hidden, layer.get("vocab_size"),
+                        config.get("draft_vocab_size"), ids, verifier, where)

@@ -1,0 +1,81 @@
+"""What every export format produces and reads: the options of an export, a drafter read back
+from an export folder in draftsmith's own terms, and the description of one format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.export.source import DraftsmithCheckpoint
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Choices that apply to every format.
+
+    Attributes:
+        base_model: Hub id of the target written into configs and the card; None = derived from
+            the training target (offline names map to their upstream Hub id).
+        dtype: cast floating tensors to `float32` / `bfloat16` / `float16`; None keeps them.
+        skip_frozen: leave out the frozen copies of the target's embedding and head; engines and
+            `load_exported` take them from the target instead (smaller upload).
+    """
+
+    base_model: str | None = None
+    dtype: str | None = None
+    skip_frozen: bool = False
+
+
+@dataclass
+class ExportedDrafter:
+    """A drafter read from an export folder, renamed into draftsmith's module names.
+
+    Attributes:
+        format: export format name (see `FORMATS`).
+        kind: draftsmith drafter kind it loads into.
+        settings: fields of the kind's config dataclass (for `spec.make_config`).
+        state: tensors under the names of the draftsmith module; frozen copies may be absent.
+        hidden_size, vocab_size: what the drafter was built for (vocab None when not recorded).
+        draft_vocab_size: EAGLE-3 only.
+        aux_layer_ids: EAGLE-3 only: 0-based target layer outputs it fuses ([] = not recorded:
+            the default for the target is assumed).
+        mtp_first_layer: MTP only: the layer number of the first module in the file (N for the
+            DeepSeek-V3 layout, 0 for SGLang's renumbered NextN layout).
+        base_model: target the export names, if any.
+    """
+
+    format: str
+    kind: str
+    settings: dict
+    state: dict[str, torch.Tensor]
+    hidden_size: int
+    vocab_size: int | None
+    draft_vocab_size: int | None = None
+    aux_layer_ids: list[int] = field(default_factory=list)
+    mtp_first_layer: int | None = None
+    base_model: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One checkpoint layout.
+
+    Attributes:
+        name: `--format` value.
+        kind: the draftsmith drafter kind it holds.
+        description: one line for `--help`.
+        write: (checkpoint, out folder, options) -> config dict written to `config.json`; also
+            writes the safetensors weights next to it.
+        matches: (config.json dict, tensor names) -> True when a folder is in this format.
+        read: (config.json dict, tensors, folder name for messages) -> ExportedDrafter.
+    """
+
+    name: str
+    kind: str
+    description: str
+    write: Callable[[DraftsmithCheckpoint, Path, ExportOptions], dict]
+    matches: Callable[[dict, set[str]], bool]
+    read: Callable[[dict, dict[str, torch.Tensor], str], ExportedDrafter]

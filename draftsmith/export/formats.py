@@ -1,0 +1,56 @@
+"""The one place that names every export format, and format detection from `config.json`."""
+
+from __future__ import annotations
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export import eagle1, eagle3, medusa, mtp
+from draftsmith.export.exported import ExportFormat
+
+FORMATS: dict[str, ExportFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ExportFormat("eagle3", "eagle3",
+                     "EAGLE-3, official / SGLang / SpecForge layout (LlamaForCausalLMEagle3)",
+                     eagle3.write_eagle3, eagle3.matches_eagle3, eagle3.read_eagle3),
+        ExportFormat("speculators", "eagle3",
+                     "EAGLE-3, vllm-project/speculators layout that vLLM serves (Eagle3DraftModel)",
+                     eagle3.write_speculators, eagle3.matches_speculators, eagle3.read_speculators),
+        ExportFormat("eagle", "eagle1", "EAGLE-1/2, SafeAILab/EAGLE layout (fc + layers.0)",
+                     eagle1.write_eagle, eagle1.matches_eagle, eagle1.read_eagle),
+        ExportFormat("medusa", "medusa",
+                     "Medusa heads, FasterDecoding/Medusa layout (medusa_lm_head.safetensors)",
+                     medusa.write_medusa, medusa.matches_medusa, medusa.read_medusa),
+        ExportFormat("mtp", "mtp", "MTP modules, DeepSeek-V3 layout (model.layers.{N+k}.*)",
+                     mtp.write_mtp, mtp.matches_mtp, mtp.read_mtp),
+    )
+}
+
+# Detection order: the explicit markers first, the weight-name guess (EAGLE-1) last.
+DETECTION_ORDER = ("speculators", "medusa", "mtp", "eagle3", "eagle")
+
+
+def get_format(name: str) -> ExportFormat:
+    """Raises DraftsmithError for an unknown name, listing the formats."""
+    if name not in FORMATS:
+        raise DraftsmithError(f"unknown export format {name!r}; choose one of: {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def formats_for_kind(kind: str) -> list[str]:
+    return [name for name, fmt in FORMATS.items() if fmt.kind == kind]
+
+
+def detect_format(config: dict, names: set[str], where: str) -> ExportFormat:
+    """The format of an export folder from its config.json keys and tensor names.
+
+    Raises:
+        DraftsmithError: nothing matches (lists what each format is recognised by).
+    """
+    for name in DETECTION_ORDER:
+        if FORMATS[name].matches(config, names):
+            return FORMATS[name]
+    raise DraftsmithError(
+        f"{where}: cannot tell the checkpoint format from config.json and the weight names. "
+        "Recognised: speculators (speculators_model_type), medusa (medusa_num_heads), mtp "
+        "(num_nextn_predict_layers or *.eh_proj.weight), eagle3 (LlamaForCausalLMEagle3 or "
+        "midlayer.*), eagle (fc.weight + layers.0.*)")

@@ -1,0 +1,136 @@
+"""Loading exported or published drafters (any format in `FORMATS`) into draftsmith's modules, so
+they can be evaluated or trained further. The format is detected from `config.json`; every load is
+checked against the target first (see validate.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.exported import ExportedDrafter
+from draftsmith.export.formats import detect_format
+from draftsmith.export.validate import check_against_target
+from draftsmith.export.weights import read_json, read_weights
+from draftsmith.models.loading import DRAFTER_CONFIG, LoadedDrafter, load_drafter
+
+CONFIG = "config.json"
+# Frozen copies of the target's tensors per kind: taken from the target when an export omits them.
+FROZEN = {"eagle3": ("embed_tokens.",), "eagle1": ("embed_tokens.", "lm_head."),
+          "mtp": ("embed_tokens.", "lm_head."), "medusa": ()}
+
+
+def is_exported_folder(folder: str | Path) -> bool:
+    """True for an export / published checkpoint (it has config.json); draftsmith's own training
+    output has `draftsmith_drafter.json` and no config.json."""
+    return (Path(folder) / CONFIG).is_file()
+
+
+def read_exported(folder: str | Path, allow_pickle: bool = False
+                  ) -> tuple[ExportedDrafter, dict | None]:
+    """Read an export folder without a target.
+
+    Returns:
+        (the drafter in draftsmith's names, the training metadata `draftsmith_drafter.json` when
+        the export carries it, else None).
+
+    Raises:
+        DraftsmithError: no config.json, unknown format, pickle refused, malformed tensors.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DraftsmithError(f"{folder} is not a folder")
+    if not is_exported_folder(folder):
+        raise DraftsmithError(f"{folder} has no {CONFIG}: not an exported drafter (a draftsmith "
+                              "training output is loaded with draftsmith.models.loading.load_drafter)")
+    config = read_json(folder / CONFIG)
+    tensors = read_weights(folder, allow_pickle=allow_pickle)
+    fmt = detect_format(config, set(tensors), str(folder))
+    drafter = fmt.read(config, tensors, str(folder))
+    meta = read_json(folder / DRAFTER_CONFIG) if (folder / DRAFTER_CONFIG).is_file() else None
+    return drafter, meta
+
+
+def check_exported(folder: str | Path, target_config, allow_pickle: bool = False
+                   ) -> ExportedDrafter:
+    """Validate an export folder against a target config (no weights of the target needed).
+
+    Raises:
+        DraftsmithError: as `read_exported`, or a mismatch naming both values.
+    """
+    drafter, _ = read_exported(folder, allow_pickle=allow_pickle)
+    check_against_target(drafter, target_config, str(folder))
+    return drafter
+
+
+def load_exported(folder: str | Path, target: nn.Module, allow_pickle: bool = False
+                  ) -> LoadedDrafter:
+    """Build the draftsmith drafter of an export folder for `target` and load its weights.
+
+    Frozen copies of the target's embedding / head that the export leaves out are copied from the
+    target. The module ends on the target's device and dtype, in eval mode without gradients.
+
+    Raises:
+        DraftsmithError: as `check_exported`, or tensors that do not fit the drafter module.
+    """
+    from draftsmith.registry import get_spec
+
+    where = str(folder)
+    drafter, saved_meta = read_exported(folder, allow_pickle=allow_pickle)
+    check_against_target(drafter, target.config, where)
+    if drafter.kind == "eagle3" and not drafter.aux_layer_ids:
+        warnings.warn(f"{where} records no EAGLE-3 aux layer ids; assuming the default for this "
+                      "target, which serving engines also assume", stacklevel=2)
+    spec = get_spec(drafter.kind)
+    config = spec.make_config(drafter.settings)
+    module = spec.build(target.config, config)
+    _load_state(module, drafter, target, where)
+    param = next(target.parameters())
+    module.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
+    meta = dict(saved_meta or {})
+    meta.setdefault("kind", drafter.kind)
+    meta.setdefault("drafter_config", asdict(config))
+    meta.setdefault("target", drafter.base_model)
+    meta.setdefault("training_steps", None)
+    meta.setdefault("lora", False)
+    meta.update(format=drafter.format, source=where,
+                aux_layers=list(getattr(module, "layer_ids", [])))
+    return LoadedDrafter(kind=drafter.kind, module=module, meta=meta)
+
+
+def load_any_drafter(folder: str | Path, target: nn.Module, allow_pickle: bool = False
+                     ) -> LoadedDrafter:
+    """`load_exported` for export folders, draftsmith's own `load_drafter` otherwise."""
+    if is_exported_folder(folder):
+        return load_exported(folder, target, allow_pickle=allow_pickle)
+    return load_drafter(folder, target)
+
+
+def _load_state(module: nn.Module, drafter: ExportedDrafter, target: nn.Module, where: str) -> None:
+    """Copy `drafter.state` into `module`; shapes must match, only frozen copies may be absent."""
+    expected = {k: v for k, v in module.state_dict().items() if not k.startswith("rotary.")}
+    state = drafter.state
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise DraftsmithError(f"{where}: tensors without a place in draftsmith's {drafter.kind} "
+                              f"drafter: {unexpected[:5]}")
+    for name, value in state.items():
+        if tuple(value.shape) != tuple(expected[name].shape):
+            raise DraftsmithError(
+                f"{where}: {name} has shape {list(value.shape)} but draftsmith's {drafter.kind} "
+                f"drafter for this target needs {list(expected[name].shape)} (draftsmith's drafter "
+                "layer mirrors the target's hidden, intermediate and head sizes)")
+    missing = sorted(set(expected) - set(state))
+    not_frozen = [k for k in missing if not k.startswith(FROZEN[drafter.kind])]
+    if not_frozen:
+        raise DraftsmithError(f"{where}: trained tensors missing from the export: {not_frozen[:5]}")
+    with torch.no_grad():
+        module.load_state_dict(state, strict=False)
+        if missing:
+            module.init_from_target(target)
+            module.load_state_dict(state, strict=False)

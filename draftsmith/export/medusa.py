@@ -1,0 +1,104 @@
+"""Medusa layout (`--format medusa`) of FasterDecoding/Medusa, which its own inference code and
+Hugging Face Text Generation Inference load.
+
+`config.json`: `medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`, plus
+`hidden_size` and `vocab_size`. Weights in `medusa_lm_head.safetensors`, the state dict of the
+reference `medusa_head` ModuleList: `{i}.{j}.linear.weight [H, H]`, `{i}.{j}.linear.bias [H]`
+(head i, ResBlock j) and `{i}.{L}.weight [V, H]` (the final Linear, L = medusa_num_layers).
+Matched against FasterDecoding/Medusa `medusa/model/medusa_model.py` (`MedusaConfig`,
+`ResBlock`) and its training script, which saves `medusa_head.state_dict()` under this file name.
+Published Medusa heads are often `medusa_lm_head.pt` (pickle): read only with `allow_pickle`.
+
+vLLM's own Medusa loader expects a different layout (`MedusaModel`, `blocks.*` / `lm_heads.*`)
+and SGLang has no Medusa; neither is produced here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.exported import ExportedDrafter, ExportOptions
+from draftsmith.export.source import (
+    DraftsmithCheckpoint,
+    base_model_id,
+    cast_floats,
+    float_dtype_name,
+    require_shape,
+)
+from draftsmith.export.weights import write_weights
+
+WEIGHTS_FILE = "medusa_lm_head.safetensors"
+HEAD_TENSOR = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def write_medusa(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dict:
+    """Write the Medusa layout; returns the config written to config.json."""
+    where = f"{ckpt.folder}"
+    settings = ckpt.meta.get("drafter_config") or {}
+    heads, layers = int(settings.get("num_heads", 0)), int(settings.get("num_layers", 0))
+    hidden, vocab = ckpt.target_config.hidden_size, ckpt.target_config.vocab_size
+    tensors = {k.removeprefix("heads."): v for k, v in ckpt.tensors.items()}
+    unknown = sorted(k for k in ckpt.tensors if not k.startswith("heads."))
+    if unknown:
+        raise DraftsmithError(f"{where}: unexpected tensors for Medusa heads: {unknown[:5]}")
+    for i in range(heads):
+        for j in range(layers):
+            require_shape(tensors, f"{i}.{j}.linear.weight", (hidden, hidden), where)
+            require_shape(tensors, f"{i}.{j}.linear.bias", (hidden,), where)
+        require_shape(tensors, f"{i}.{layers}.weight", (vocab, hidden), where)
+    if len(tensors) != heads * (2 * layers + 1):
+        raise DraftsmithError(f"{where}: {len(tensors)} tensors, but {heads} heads x {layers} "
+                              f"ResBlocks need {heads * (2 * layers + 1)}")
+    tensors = cast_floats(tensors, opts.dtype)
+    config = {
+        "medusa_num_heads": heads,
+        "medusa_num_layers": layers,
+        "base_model_name_or_path": opts.base_model or base_model_id(ckpt.meta.get("target")),
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "torch_dtype": float_dtype_name(tensors),
+    }
+    write_weights(tensors, out / WEIGHTS_FILE)
+    return config
+
+
+def matches_medusa(config: dict, names: set[str]) -> bool:
+    return "medusa_num_heads" in config
+
+
+def read_medusa(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
+                ) -> ExportedDrafter:
+    """Medusa layout -> draftsmith `heads.{i}.{j}...` names; head and layer counts come from the
+    tensors (a config may list more heads than were trained) and must agree with the config."""
+    parsed = {}
+    for name in tensors:
+        match = HEAD_TENSOR.match(name.removeprefix("medusa_head."))
+        if not match:
+            raise DraftsmithError(f"{where}: {name!r} is not a Medusa head tensor "
+                                  "({i}.{j}.linear.weight/bias or {i}.{L}.weight)")
+        parsed[name] = (int(match[1]), int(match[2]), match[3])
+    heads = 1 + max(i for i, _, _ in parsed.values())
+    layers = max((j + 1 for _, j, part in parsed.values() if part != "weight"), default=0)
+    if layers != config.get("medusa_num_layers", layers):
+        raise DraftsmithError(f"{where}: medusa_num_layers={config['medusa_num_layers']} but the "
+                              f"weights have {layers} ResBlock(s) per head")
+    if heads > config.get("medusa_num_heads", heads):
+        raise DraftsmithError(f"{where}: medusa_num_heads={config['medusa_num_heads']} but the "
+                              f"weights have {heads} heads")
+    state = {f"heads.{i}.{j}.{part}": tensors[name] for name, (i, j, part) in parsed.items()}
+    final = state.get(f"heads.0.{layers}.weight")
+    if final is None:
+        raise DraftsmithError(f"{where}: the final Linear of head 0 (0.{layers}.weight) is missing")
+    vocab, hidden = final.shape
+    for key, value in (("hidden_size", hidden), ("vocab_size", vocab)):
+        if config.get(key, value) != value:
+            raise DraftsmithError(f"{where}: config {key}={config[key]} but the head weights "
+                                  f"have {key} {value}")
+    return ExportedDrafter(format="medusa", kind="medusa",
+                           settings={"num_heads": heads, "num_layers": layers}, state=state,
+                           hidden_size=hidden, vocab_size=vocab,
+                           base_model=config.get("base_model_name_or_path"))

@@ -1,0 +1,71 @@
+"""Checks that an exported drafter fits a target before anything is decoded: hidden size, vocab,
+draft vocab and (EAGLE-3) the target layers it fuses. Every error names both values.
+
+Train/serve mismatches are the usual reason a good drafter serves badly (REFERENCE.md section 4):
+a wrong layer id silently costs most of the acceptance, so it is an error here, not a warning.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.exported import ExportedDrafter
+
+
+def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool = True) -> None:
+    """EAGLE-3 aux layer ids: three 0-based layer outputs inside the target; for serving also
+    strictly increasing, because vLLM and SGLang capture each layer once, in layer order.
+
+    Raises:
+        DraftsmithError: naming the ids and the target's layer count.
+    """
+    if len(ids) != 3:
+        raise DraftsmithError(f"{where}: EAGLE-3 fuses 3 target layers but the aux layer ids are "
+                              f"{ids}")
+    outside = [i for i in ids if not 0 <= i < num_layers]
+    if outside:
+        raise DraftsmithError(
+            f"{where}: aux layer ids {ids} (0-based layer outputs) include {outside}, outside the "
+            f"target's layers 0..{num_layers - 1} (the target has num_hidden_layers={num_layers}); "
+            "use the target the drafter was trained for")
+    if servable and any(b <= a for a, b in pairwise(ids)):
+        raise DraftsmithError(
+            f"{where}: aux layer ids {ids} are not strictly increasing; vLLM and SGLang capture each "
+            "target layer once, in layer order, so this drafter cannot be served. Retrain with "
+            "distinct increasing `drafter.layer_ids` (the default [1, N//2-1, N-4] is, for N >= 8)")
+
+
+def check_against_target(drafter: ExportedDrafter, target_config, where: str) -> None:
+    """The drafter's recorded shapes against the target's config.
+
+    Args:
+        drafter: read from an export folder.
+        target_config: the target model's config (or any object with its attributes).
+        where: names the export in messages (its folder).
+
+    Raises:
+        DraftsmithError: hidden size, vocab, draft vocab, layer ids or MTP numbering mismatch.
+    """
+    hidden = target_config.hidden_size
+    vocab = target_config.vocab_size
+    layers = target_config.num_hidden_layers
+    if drafter.hidden_size != hidden:
+        raise DraftsmithError(
+            f"{where}: the drafter has hidden_size={drafter.hidden_size} but the target has "
+            f"hidden_size={hidden}; use the target it was trained for")
+    if drafter.vocab_size is not None and drafter.vocab_size != vocab:
+        raise DraftsmithError(
+            f"{where}: the drafter has vocab_size={drafter.vocab_size} but the target has "
+            f"vocab_size={vocab}; drafter and target must share one tokenizer")
+    if drafter.draft_vocab_size is not None and not 1 <= drafter.draft_vocab_size <= vocab:
+        raise DraftsmithError(
+            f"{where}: draft_vocab_size={drafter.draft_vocab_size} must be between 1 and the "
+            f"target's vocab_size={vocab}")
+    if drafter.kind == "eagle3" and drafter.aux_layer_ids:
+        check_layer_ids(drafter.aux_layer_ids, layers, where, servable=False)
+    if drafter.mtp_first_layer is not None and drafter.mtp_first_layer not in (0, layers):
+        raise DraftsmithError(
+            f"{where}: the MTP modules are numbered from layer {drafter.mtp_first_layer} but the "
+            f"target has num_hidden_layers={layers} (the DeepSeek-V3 layout numbers the first "
+            "module N, SGLang's NextN layout 0)")

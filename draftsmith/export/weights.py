@@ -1,0 +1,104 @@
+"""Reading and writing the tensors of exported drafters: safetensors only, pickle refused.
+
+Published drafters sometimes ship `pytorch_model.bin` / `*.pt` files. Unpickling runs code from the
+file, so they are refused unless the caller opts in (`allow_pickle=True`), and even then they are
+read with `torch.load(weights_only=True)`, which only rebuilds tensors and plain containers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def weight_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(safetensors files, pickle files) directly inside `folder`, sorted by name."""
+    safe = sorted(folder.glob("*.safetensors"))
+    pickles = sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    return safe, pickles
+
+
+def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight files directly in `folder` (several shards are merged).
+
+    Raises:
+        DraftsmithError: no weights; only pickle files and `allow_pickle` is False; a name that
+            appears in two files; a pickle file that holds something other than tensors.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    safe, pickles = weight_files(folder)
+    if not safe and not pickles:
+        raise DraftsmithError(f"{folder} holds no weights (*.safetensors, or pickle *.bin/*.pt)")
+    if not safe and not allow_pickle:
+        names = ", ".join(p.name for p in pickles)
+        raise DraftsmithError(
+            f"{folder} only has pickle checkpoint(s) ({names}); loading a pickle can run arbitrary "
+            "code, so draftsmith refuses it. Convert it to safetensors, or pass allow_pickle=True "
+            "(tensors only, torch.load(weights_only=True)) if you trust the file")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in safe or pickles:
+        part = load_file(path) if path.suffix == ".safetensors" else _load_pickle(path)
+        clash = sorted(set(part) & set(tensors))
+        if clash:
+            raise DraftsmithError(f"{path} repeats tensor(s) {clash[:3]} found in another file of "
+                                  f"{folder}")
+        tensors.update(part)
+    return tensors
+
+
+def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, ... for unsafe content
+        raise DraftsmithError(f"{path} could not be read as plain tensors ({err}); only state "
+                              "dicts of tensors are accepted") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DraftsmithError(f"{path} is not a state dict of tensors")
+    return state
+
+
+def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> Path:
+    """Save contiguous CPU tensors as safetensors (the `format: pt` header transformers expects);
+    a tensor stored under several names (MTP's per-layer embedding copies) is written each time."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    ready = {}
+    for name, value in tensors.items():
+        value = value.detach().to("cpu").contiguous()
+        if value.untyped_storage().data_ptr() in seen:
+            value = value.clone()
+        seen.add(value.untyped_storage().data_ptr())
+        ready[name] = value
+    save_file(ready, path, metadata={"format": "pt"})
+    return path
+
+
+def write_json(data: dict, path: Path) -> Path:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`.
+
+    Raises:
+        DraftsmithError: missing file or invalid JSON.
+    """
+    if not path.is_file():
+        raise DraftsmithError(f"{path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DraftsmithError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise DraftsmithError(f"{path} does not hold a JSON object")
+    return data
