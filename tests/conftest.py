@@ -26,3 +26,19 @@ def require_offline_model(name: str) -> str:
     if name in required:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state so the next Accelerator starts fresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Tests that create Accelerators in this process start and end with a clean state."""
+    reset_accelerate()
+    yield
+    reset_accelerate()

@@ -15,21 +15,14 @@ from draftsmith.train import metrics as metrics_module
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 
+from conftest import reset_accelerate
 from tiny_targets import tiny_target
 
 SMALL = {"medusa": {"num_heads": 2}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
                                                               "ttt_steps": 2}}
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def examples(n=24, t=20, seed=0):
@@ -66,10 +59,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     data = examples()
     straight = run_training(recipe_for("eagle1", tmp_path / "a", max_steps=8), data, target=target)
 
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     original = metrics_module.MetricsLog.write
 
     def crash_at_step_6(self, row):
@@ -82,8 +72,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_training(recipe, data, target=target)
     monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     assert (tmp_path / "b" / "eagle1" / "checkpoints" / "step_4" / "progress.json").is_file()
     resumed = run_training(recipe, data, target=target)
     rows = (tmp_path / "b" / "eagle1" / "metrics.jsonl").read_text().splitlines()

@@ -13,18 +13,10 @@ from draftsmith.data.render import RenderedSample
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 
+from conftest import reset_accelerate
 from tiny_targets import tiny_target
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 class Tokenizer:
@@ -50,10 +42,7 @@ def test_offline_cache_training_equals_online(kind, settings, tmp_path):
     assert f"hidden_states.{n}" in cached[0]
 
     def train(examples, name):
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate()
         recipe = build_recipe({"drafter": {"kind": kind, **settings},
                                "train": {"batch_size": 4, "max_steps": 3, "warmup_steps": 0,
                                          "lr": 1e-3, "eval_fraction": 0.0,
