@@ -62,8 +62,8 @@ def test_drafter_proposers_reproduce_plain_greedy(family):
         assert max(result.depth_per_step) >= 1, f"{name} never drafted"
 
 
-class ScoreRecorder:
-    """Records (root position, depth-1 tokens, their log-probs) of each proposed tree."""
+class TreeRecorder:
+    """Wraps a proposer and records (root position, proposed tree) at every step."""
 
     def __init__(self, inner):
         self.inner, self.name, self.rows = inner, inner.name, []
@@ -74,10 +74,7 @@ class ScoreRecorder:
 
     def propose(self, root, max_depth):
         tree = self.inner.propose(root, max_depth)
-        if tree.scores is None:  # max_depth 0 at the very end: root only
-            return tree
-        first = (tree.depths == 1).nonzero().flatten()
-        self.rows.append((self.position, tree.tokens[first], tree.scores[first]))
+        self.rows.append((self.position, tree))
         return tree
 
     def observe(self, path_tokens, target_out, path):
@@ -90,7 +87,7 @@ def test_decode_time_drafts_equal_training_time_predictions(kind):
     target = tiny_target("llama")
     drafter = drafter_for(kind, target, **({"draft_vocab_size": 100} if kind == "eagle3" else {}))
     prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(5)).tolist()
-    recorder = ScoreRecorder(FeatureDrafterProposer(drafter, dynamic=DynamicTreeConfig(3, 1, 3)))
+    recorder = TreeRecorder(FeatureDrafterProposer(drafter, dynamic=DynamicTreeConfig(3, 1, 3)))
     result = generate(CausalLMRunner(target, output_hidden_states=True), recorder, prompt, 16)
 
     sequence = torch.tensor([prompt + result.tokens])
@@ -110,42 +107,26 @@ def test_decode_time_drafts_equal_training_time_predictions(kind):
             predicted, _ = drafter.step(shift_left(sequence, 1), features.last_hidden, positions,
                                         causal_mask(t, sequence.device))
             logp = torch.log_softmax(drafter.logits(predicted[0]), -1)
-    assert len(recorder.rows) > 3
-    for root_position, tokens, scores in recorder.rows:
+    rows = [(position, tree) for position, tree in recorder.rows if tree.scores is not None]
+    assert len(rows) > 3  # (the last step may be the root alone, without scores)
+    for root_position, tree in rows:
+        first = (tree.depths == 1).nonzero().flatten()
+        tokens, scores = tree.tokens[first], tree.scores[first]
         # the root sits at root_position; training position root_position - 1 predicts the token
         # after the root from (root, feature of the position before it)
         torch.testing.assert_close(scores, logp[root_position - 1, tokens], rtol=1e-4, atol=1e-4)
-
-
-class ChainRecorder:
-    """Records (root position, drafted chain) of each step."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.rows = inner, inner.name, []
-
-    def reset(self, context, target_out):
-        self.position = len(context)
-        self.inner.reset(context, target_out)
-
-    def propose(self, root, max_depth):
-        tree = self.inner.propose(root, max_depth)
-        self.rows.append((self.position, tree.tokens[1:].tolist()))
-        return tree
-
-    def observe(self, path_tokens, target_out, path):
-        self.position += len(path_tokens)
-        self.inner.observe(path_tokens, target_out, path)
 
 
 def test_mtp_decode_time_drafts_equal_training_time_predictions():
     target = tiny_target("qwen2")
     drafter = drafter_for("mtp", target, num_modules=3)
     prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(6)).tolist()
-    recorder = ChainRecorder(MTPProposer(drafter))
+    recorder = TreeRecorder(MTPProposer(drafter))
     result = generate(CausalLMRunner(target), recorder, prompt, 20)
     full = prompt + result.tokens
     checked = 0
-    for root, drafts in recorder.rows:
+    for root, tree in recorder.rows:
+        drafts = tree.tokens[1:].tolist()
         # teacher-force the verified prefix up to the root followed by this step's own drafts:
         # module k at position root - 1 must reproduce draft k
         sequence = torch.tensor([full[:root + 1] + drafts])
