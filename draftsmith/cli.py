@@ -72,6 +72,16 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """`--drafter DIR` (once) or `--drafter LABEL=DIR` (any number) -> (DIR or None, pairs)."""
+    single = [v for v in values if "=" not in v]
+    named = tuple(tuple(v.split("=", 1)) for v in values if "=" in v)
+    if len(single) > 1 or (single and named):
+        raise DraftsmithError("give one --drafter DIR, or name each drafter: --drafter LABEL=DIR "
+                              "(methods then take @LABEL, e.g. drafter_dynamic@eagle1)")
+    return (single[0] if single else None), named
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from draftsmith.eval.evaluate import EvalConfig, run_eval
     from draftsmith.eval.methods import ProposerSettings
@@ -79,8 +89,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from draftsmith.eval.sampling import SamplingConfig
 
     methods = list(_csv(args.methods))
-    if args.drafter and "drafter" not in methods and not any(m.startswith("drafter") for m in methods):
-        methods.append("drafter")
+    single, named = _drafter_args(args.drafter or [])
+    for label in [""] if single else [label for label, _ in named]:
+        suffix = f"@{label}" if label else ""
+        if not any(m.startswith("drafter") and m.endswith(suffix) and (label or "@" not in m)
+                   for m in methods):
+            methods.append("drafter" + suffix)
     if args.baselines:
         methods += ["prompt_lookup", "hf_generate", "hf_prompt_lookup"]
         if args.draft_model:
@@ -93,7 +107,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
     config = EvalConfig(
-        target=args.target, draft_model=args.draft_model, drafter=args.drafter, dtype=args.dtype, device=args.device,
+        target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=_csv(args.bench), limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), sampling=sampling,
         settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
@@ -137,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev = verbs.add_parser("eval", help="speculative decoding: tau, acceptance, speedup vs baselines")
     _add_target_args(ev)
     ev.set_defaults(dtype="bfloat16")
-    ev.add_argument("--drafter", help="trained drafter folder (from `draftsmith train`); adds the "
-                    "`drafter` method")
+    ev.add_argument("--drafter", action="append",
+                    help="trained drafter folder (from `draftsmith train` or an export); adds the "
+                    "`drafter` method. Several in one run: --drafter LABEL=DIR, repeated, and "
+                    "methods such as drafter@LABEL or drafter_dynamic@LABEL")
     ev.add_argument("--draft-model", help="classic draft model spec (same tokenizer as the target)")
     ev.add_argument("--methods", default="plain,prompt_lookup",
                     help="comma list: plain, prompt_lookup, draft_model, draft_model_tree, drafter, "

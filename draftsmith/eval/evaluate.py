@@ -6,6 +6,7 @@ MT-bench the second turn follows the first method's answer, the same context for
 
 from __future__ import annotations
 
+import copy
 import datetime
 import platform
 import subprocess
@@ -27,6 +28,7 @@ from draftsmith.eval.methods import (
     ProposerSettings,
     check_methods,
     make_proposer,
+    split_method,
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all
 from draftsmith.eval.proposers.draft_model import check_same_vocab
@@ -47,6 +49,8 @@ class EvalConfig:
         target: target spec (offline name, folder, .gguf or Hub id).
         draft_model: classic draft model spec for draft methods, or None.
         drafter: trained drafter folder for the `drafter*` methods, or None.
+        drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
+            are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
         dtype, device: for target and draft model.
         bench: prompt sets (mt_bench, humaneval, gsm8k).
         limit: items per set.
@@ -64,6 +68,7 @@ class EvalConfig:
     target: str = DEFAULT_TARGET
     draft_model: str | None = None
     drafter: str | None = None
+    drafters: tuple[tuple[str, str], ...] = ()
     dtype: str = "bfloat16"
     device: str = "cpu"
     bench: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k")
@@ -83,7 +88,15 @@ class EvalConfig:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
         if not self.methods or self.methods[0] != "plain":
             self.methods = ("plain", *[m for m in self.methods if m != "plain"])
-        check_methods(list(self.methods), self.draft_model is not None, self.drafter is not None)
+        labels = [label for label, _ in self.drafters]
+        if len(set(labels)) != len(labels) or "" in labels:
+            raise DraftsmithError(f"drafter labels {labels} must be distinct and non-empty")
+        check_methods(list(self.methods), self.draft_model is not None,
+                      [label for label, _ in self.all_drafters()])
+
+    def all_drafters(self) -> list[tuple[str, str]]:
+        """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""
+        return ([("", self.drafter)] if self.drafter else []) + list(self.drafters)
 
 
 def git_commit() -> str | None:
@@ -103,16 +116,25 @@ def hardware() -> str:
 
 
 class MethodRunner:
-    """Runs one method on one prompt and returns its tokens and record."""
+    """Runs one method on one prompt and returns its tokens and record.
 
-    def __init__(self, config: EvalConfig, target, draft_model, drafter=None):
+    `drafters` maps a label to (LoadedDrafter, the target model it decodes with): the target
+    itself, or for Medusa-2 a copy with its LoRA adapter merged in.
+    """
+
+    def __init__(self, config: EvalConfig, target, draft_model, drafters=None):
         self.config = config
         self.target = target
         self.draft_model = draft_model
-        self.drafter = drafter
-        self.runner = CausalLMRunner(target.model)
-        self.hidden_runner = CausalLMRunner(target.model, output_hidden_states=True)
+        self.drafters = drafters or {}
+        self.runners: dict[tuple[int, bool], CausalLMRunner] = {}
         self.eos = target.eos_token_ids
+
+    def _runner(self, model, hidden: bool) -> CausalLMRunner:
+        key = (id(model), hidden)
+        if key not in self.runners:
+            self.runners[key] = CausalLMRunner(model, output_hidden_states=hidden)
+        return self.runners[key]
 
     def run(self, method: str, prompt_ids: list[int], max_new_tokens: int,
             set_name: str = "", item_id: str = "", turn: int = 0) -> tuple[list[int], RunRecord]:
@@ -122,8 +144,9 @@ class MethodRunner:
                                           self.eos, cfg.sampling, self.draft_model,
                                           cfg.settings.lookup_tokens)
             return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
-        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model, self.drafter)
-        runner = self.hidden_runner if getattr(proposer, "needs_hidden_states", False) else self.runner
+        drafter, model = self.drafters.get(split_method(method)[1], (None, self.target.model))
+        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model, drafter)
+        runner = self._runner(model, getattr(proposer, "needs_hidden_states", False))
         result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
         return result.tokens, RunRecord(
             method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
@@ -147,6 +170,30 @@ def _autotune(config: EvalConfig, target, draft_model, prompts, log) -> TreeBudg
     return budget
 
 
+def load_drafters(config: EvalConfig, target, log) -> dict:
+    """label -> (LoadedDrafter, target model it decodes with) for the drafters the methods use.
+
+    A Medusa-2 drafter trained the target's LoRA adapter: it decodes with a copy of the target
+    with the adapter merged in (the original target stays as it is for every other method).
+    """
+    used = {split_method(m)[1] for m in config.methods if split_method(m)[0] in NEEDS_DRAFTER}
+    drafters = {}
+    for label, path in config.all_drafters():
+        if label not in used:
+            continue
+        drafter = load_any_drafter(path, target.model)
+        name = f"drafter {label!r}" if label else "drafter"
+        log(f"{name}: {drafter.kind} from {path} "
+            f"({drafter.meta.get('training_steps', '?')} training steps)")
+        model = target.model
+        if drafter.meta.get("lora"):
+            model = merge_lora(copy.deepcopy(target.model), path)
+            log(f"{name} is Medusa-2: it decodes with a copy of the target with its LoRA adapter "
+                "merged in (its output is that model's, not the original target's)")
+        drafters[label] = (drafter, model)
+    return drafters
+
+
 def run_eval(config: EvalConfig, log=print) -> dict:
     """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
     prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
@@ -157,15 +204,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         draft_model = load_target(config.draft_model, dtype=config.dtype, device=config.device,
                                   trust_remote_code=config.trust_remote_code).model
         check_same_vocab(target.model, draft_model)
-    drafter = None
-    if any(m in NEEDS_DRAFTER for m in config.methods):
-        drafter = load_any_drafter(config.drafter, target.model)
-        log(f"drafter: {drafter.kind} from {config.drafter} "
-            f"({drafter.meta.get('training_steps', '?')} training steps)")
-        if drafter.meta.get("lora"):
-            target.model = merge_lora(target.model, config.drafter)
-            log("Medusa-2: the target's LoRA adapter is merged in; every method decodes with the "
-                "adapted target")
+    drafters = load_drafters(config, target, log)
     tokenizer = target.tokenizer
     tree_budget = None
     if config.autotune_tree and "draft_model_tree" in config.methods:
@@ -173,7 +212,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         config = replace(config, settings=replace(
             config.settings, tree=replace(config.settings.tree,
                                           total_tokens=tree_budget.total_tokens)))
-    runner = MethodRunner(config, target, draft_model, drafter)
+    runner = MethodRunner(config, target, draft_model, drafters)
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}])
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
@@ -216,9 +255,12 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         "commit": git_commit(),
         "torch": torch.__version__,
         "tree_budget": asdict(tree_budget) if tree_budget else None,
-        "drafter": ({"kind": drafter.kind, "path": config.drafter,
-                     "training_steps": drafter.meta.get("training_steps"),
-                     "target": drafter.meta.get("target")} if drafter else None),
+        "drafters": {label: {"kind": d.kind, "path": path,
+                             "training_steps": d.meta.get("training_steps"),
+                             "lora_merged": bool(d.meta.get("lora")),
+                             "target": d.meta.get("target")}
+                     for label, path in config.all_drafters() if label in drafters
+                     for d in [drafters[label][0]]},
         "summary": table,
         "records": [r.to_dict() for r in records],
     }

@@ -50,15 +50,34 @@ class ProposerSettings:
     tree: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
 
 
-def check_methods(methods: list[str], has_draft: bool, has_drafter: bool = False) -> None:
-    """Raise a clear error for unknown methods or draft methods without their model."""
+def split_method(method: str) -> tuple[str, str]:
+    """`drafter_dynamic@eagle1` -> ("drafter_dynamic", "eagle1"); `plain` -> ("plain", "").
+
+    The label after `@` names one of several drafters evaluated in the same run
+    (`--drafter LABEL=DIR`); a single unlabelled `--drafter DIR` has the label "".
+    """
+    base, _, label = method.partition("@")
+    return base, label
+
+
+def check_methods(methods: list[str], has_draft: bool, drafters=()) -> None:
+    """Raise a clear error for unknown methods, draft methods without their model, or drafter
+    methods naming a drafter that was not given (`drafters`: the labels given)."""
+    drafters = set(drafters)
     for method in methods:
-        if method not in ALL_METHODS:
-            raise DraftsmithError(f"unknown method {method!r}; choose from: {', '.join(ALL_METHODS)}")
-        if method in NEEDS_DRAFT and not has_draft:
+        base, label = split_method(method)
+        if base not in ALL_METHODS:
+            raise DraftsmithError(f"unknown method {method!r}; choose from: {', '.join(ALL_METHODS)}"
+                                  " (drafter methods may name a drafter: drafter@LABEL)")
+        if base in NEEDS_DRAFT and not has_draft:
             raise DraftsmithError(f"method {method!r} needs a classic draft model: add --draft-model")
-        if method in NEEDS_DRAFTER and not has_drafter:
-            raise DraftsmithError(f"method {method!r} needs a trained drafter: add --drafter DIR")
+        if label and base not in NEEDS_DRAFTER:
+            raise DraftsmithError(f"method {method!r}: only drafter methods take an @LABEL")
+        if base in NEEDS_DRAFTER and label not in drafters:
+            given = ", ".join(sorted(repr(d) for d in drafters)) or "none"
+            fix = (f"add --drafter {label}=DIR" if label else "add --drafter DIR")
+            raise DraftsmithError(f"method {method!r} needs a trained drafter{' ' + repr(label) if label else ''} "
+                                  f"(drafters given: {given}): {fix}")
 
 
 def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
@@ -86,8 +105,9 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> P
 def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,
                   draft_model: torch.nn.Module | None = None, drafter=None) -> Proposer:
     """A fresh proposer for one of draftsmith's own methods."""
-    if method in NEEDS_DRAFTER:
-        return make_drafter_proposer(method, drafter, settings)
+    base, _ = split_method(method)
+    if base in NEEDS_DRAFTER:
+        return make_drafter_proposer(base, drafter, settings)
     if method == "plain":
         return NoDraftProposer()
     if method == "prompt_lookup":

@@ -22,7 +22,11 @@ DRAFTER = "DRAFTER_PATH_OR_REPO"
 
 
 def read_eval(path: str | Path, meta: dict) -> dict:
-    """An eval.json written by `draftsmith eval --drafter` for this very drafter.
+    """The results of this very drafter from an eval.json written by `draftsmith eval`.
+
+    The eval may have measured several drafters (`--drafter LABEL=DIR`); the one whose kind,
+    target and training steps match the checkpoint's metadata is kept, with its methods renamed
+    to their plain names (`drafter_dynamic@eagle1` -> `drafter_dynamic`) next to `plain`.
 
     Raises:
         DraftsmithError: unreadable file, no drafter results, or results of another drafter
@@ -30,19 +34,35 @@ def read_eval(path: str | Path, meta: dict) -> dict:
     """
     payload = read_json(Path(path))
     summary = payload.get("summary")
-    measured = payload.get("drafter")
+    measured = payload.get("drafters") or {}
     if not isinstance(summary, dict) or not measured:
         raise DraftsmithError(f"{path} has no drafter results; run `draftsmith eval --drafter CKPT "
                               "--target T` and pass the eval.json it writes")
-    for key, ours in (("kind", meta.get("kind")), ("target", meta.get("target")),
-                      ("training_steps", meta.get("training_steps"))):
-        theirs = measured.get(key)
-        if ours is not None and theirs is not None and theirs != ours:
-            raise DraftsmithError(f"{path} measured a drafter with {key}={theirs!r} but this "
-                                  f"checkpoint has {key}={ours!r}; evaluate this checkpoint first")
-    if not any(m.startswith("drafter") for rows in summary.values() for m in rows):
+    mismatch = ""
+    matches = []
+    for label, entry in measured.items():
+        for key, ours in (("kind", meta.get("kind")), ("target", meta.get("target")),
+                          ("training_steps", meta.get("training_steps"))):
+            theirs = entry.get(key)
+            if ours is not None and theirs is not None and theirs != ours:
+                mismatch = (f"{path} measured a drafter with {key}={theirs!r} but this "
+                            f"checkpoint has {key}={ours!r}; evaluate this checkpoint first")
+                break
+        else:
+            matches.append(label)
+    if not matches:
+        raise DraftsmithError(mismatch)
+    if len(matches) > 1:
+        raise DraftsmithError(f"{path} measured several drafters that fit this checkpoint "
+                              f"({', '.join(matches)}); evaluate this checkpoint on its own")
+    suffix = f"@{matches[0]}" if matches[0] else ""
+    kept = {set_name: {(m[:-len(suffix)] if suffix else m): row for m, row in rows.items()
+                       if m == "plain" or (m.startswith("drafter") and m.endswith(suffix)
+                                           and (suffix or "@" not in m))}
+            for set_name, rows in summary.items()}
+    if not any(m.startswith("drafter") for rows in kept.values() for m in rows):
         raise DraftsmithError(f"{path} has no `drafter*` method in its summary")
-    return payload
+    return {**payload, "summary": kept, "drafter": measured[matches[0]]}
 
 
 def _number(value, digits: int = 2) -> str:

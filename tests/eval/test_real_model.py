@@ -1,10 +1,12 @@
 """On the real SmolLM2-135M (fp32): every proposer reproduces plain greedy decoding, and the
 `draftsmith eval` command writes its table, JSON and plots."""
 
+import copy
 import json
 
 import pytest
 import torch
+from export.export_helpers import build_drafter, write_checkpoint
 
 from draftsmith.chat import chat_input_ids
 from draftsmith.cli import main
@@ -14,7 +16,9 @@ from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModel
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.models.loading import DRAFTER_CONFIG
 from draftsmith.target import load_target
+from draftsmith.train.joint import wrap_with_lora
 
 from conftest import require_offline_model
 
@@ -69,3 +73,43 @@ def test_eval_cli_writes_table_json_and_plots(tmp_path, capsys):
 def test_eval_cli_rejects_draft_methods_without_a_draft_model(capsys):
     assert main(["eval", "--methods", "plain,draft_model"]) == 2
     assert "--draft-model" in capsys.readouterr().err
+
+
+def test_eval_runs_several_named_drafters_in_one_run(tmp_path):
+    """EAGLE-1 weights as EAGLE-1 (static) and EAGLE-2 (dynamic), and a Medusa-2 drafter whose
+    LoRA adapter is merged into a copy of the target: the original target stays untouched, so the
+    feature drafter reproduces plain greedy output exactly (fp32) after Medusa-2 has run."""
+    require_offline_model(NAME)
+    target = load_target(NAME, dtype="float32").model
+    eagle = write_checkpoint(tmp_path / "eagle1", "eagle1", build_drafter("eagle1", target),
+                             target)
+    medusa = write_checkpoint(tmp_path / "medusa2", "medusa",
+                              build_drafter("medusa", target), target)
+    meta = json.loads((medusa / DRAFTER_CONFIG).read_text())
+    meta["lora"] = True
+    (medusa / DRAFTER_CONFIG).write_text(json.dumps(meta))
+    peft = wrap_with_lora(copy.deepcopy(target), build_drafter("medusa", target).config)
+    for name, param in peft.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.05)
+    peft.save_pretrained(medusa / "lora", safe_serialization=True)
+
+    methods = "plain,drafter@m2,drafter_static@e1,drafter_dynamic@e1"
+    code = main(["eval", "--target", NAME, "--dtype", "float32", "--bench", "gsm8k",
+                 "--limit", "1", "--max-new-tokens", "16", "--methods", methods,
+                 "--drafter", f"e1={eagle}", "--drafter", f"m2={medusa}",
+                 "--tree-depth", "3", "--tree-total-tokens", "6", "--out", str(tmp_path / "ev")])
+    assert code == 0
+    payload = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    rows = payload["summary"]["all"]
+    assert list(rows) == methods.split(",")
+    assert rows["drafter_static@e1"]["identical_to_plain"] == 1.0
+    assert rows["drafter_dynamic@e1"]["identical_to_plain"] == 1.0
+    assert rows["drafter@m2"]["identical_to_plain"] == 0.0, "decodes with the LoRA-merged copy"
+    assert payload["drafters"]["m2"]["lora_merged"] and payload["drafters"]["e1"]["kind"] == "eagle1"
+
+
+def test_eval_cli_names_a_missing_drafter_label(capsys):
+    assert main(["eval", "--methods", "plain,drafter@nope", "--drafter", "e1=somewhere"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err and "--drafter nope=DIR" in err

@@ -24,8 +24,8 @@ def eval_payload(kind: str = "eagle3", training_steps: int = 7) -> dict:
         "config": {"dtype": "bfloat16", "limit": 2, "max_new_tokens": 32,
                    "sampling": {"temperature": 0.0}},
         "hardware": "Test CPU, 2 threads", "date": "2026-01-02T03:04:05+00:00", "commit": "abc1234",
-        "drafter": {"kind": kind, "path": "runs/x/drafter", "training_steps": training_steps,
-                    "target": "test-org/tiny-target"},
+        "drafters": {"": {"kind": kind, "path": "runs/x/drafter", "training_steps": training_steps,
+                         "target": "test-org/tiny-target"}},
         "summary": {"mt_bench": {"plain": plain, "drafter": row},
                     "all": {"plain": plain, "drafter": {**row, "tau": 3.21}}},
     }
@@ -80,7 +80,7 @@ def test_card_without_eval_says_not_evaluated(tmp_path, kind, fmt, engine_line):
 @pytest.mark.parametrize(("payload", "message"), [
     (eval_payload(kind="medusa"), "kind='medusa' but this checkpoint has kind='eagle3'"),
     (eval_payload(training_steps=99), "training_steps=99 but this checkpoint has training_steps=7"),
-    ({**eval_payload(), "drafter": None}, "has no drafter results"),
+    ({**eval_payload(), "drafters": {}}, "has no drafter results"),
 ])
 def test_eval_json_of_another_drafter_is_refused(tmp_path, payload, message):
     _, _, folder = make_checkpoint(tmp_path, "eagle3")
@@ -88,3 +88,19 @@ def test_eval_json_of_another_drafter_is_refused(tmp_path, payload, message):
         export_drafter(folder, "eagle3", tmp_path / "export",
                        eval_json=write_eval(tmp_path, payload))
     assert not (tmp_path / "export").exists()
+
+
+def test_card_picks_its_drafter_from_a_multi_drafter_eval(tmp_path):
+    _, _, folder = make_checkpoint(tmp_path, "eagle3")
+    payload = eval_payload()
+    row = payload["summary"]["mt_bench"]["drafter"]
+    other = {**row, "tau": 1.11}
+    payload["drafters"] = {"eagle3": payload["drafters"][""],
+                           "medusa1": {**payload["drafters"][""], "kind": "medusa"}}
+    payload["summary"] = {"mt_bench": {"plain": payload["summary"]["mt_bench"]["plain"],
+                                       "drafter_dynamic@eagle3": row, "drafter@medusa1": other}}
+    out = export_drafter(folder, "eagle3", tmp_path / "export",
+                         eval_json=write_eval(tmp_path, payload))
+    card = (out / "README.md").read_text()
+    assert "| mt_bench | drafter_dynamic | 2.35 |" in card
+    assert "1.11" not in card and "@" not in card.split("## ")[1]
