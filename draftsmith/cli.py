@@ -7,10 +7,6 @@ import sys
 
 from draftsmith.errors import DraftsmithError
 
-NOT_YET = {
-    "bench": ("train and evaluate every drafter kind on real targets", 6),
-}
-
 
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
     from draftsmith.offline_models import DEFAULT_TARGET
@@ -137,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-new-tokens", type=int, default=64)
     generate.set_defaults(func=cmd_generate)
 
+    from draftsmith.bench.cli import add_bench_parser
     from draftsmith.data.cli import add_data_parser
     from draftsmith.export.cli import add_export_parser, add_push_parser
 
@@ -182,18 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_export_parser(verbs)
     add_push_parser(verbs)
-
-    for verb, (summary, issue) in NOT_YET.items():
-        sub = verbs.add_parser(verb, help=f"{summary} (not implemented yet)")
-        sub.set_defaults(func=_not_yet(verb, issue))
+    add_bench_parser(verbs)
     return parser
-
-
-def _not_yet(verb: str, issue: int):
-    def run(args: argparse.Namespace) -> int:
-        raise DraftsmithError(f"`draftsmith {verb}` is not implemented yet (tracked in issue #{issue})")
-
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:

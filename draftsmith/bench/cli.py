@@ -1,0 +1,45 @@
+"""`draftsmith bench --config recipes/bench/T.yaml [...]`: run the benchmark of each target
+(stages resume), then regenerate BENCHMARKS.md and its plots from every target's bench.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+STAGES = ("data", "train", "eval")
+
+
+def add_bench_parser(verbs) -> None:
+    bench = verbs.add_parser("bench", help="train every drafter kind under one budget and compare "
+                             "them with the baselines; writes BENCHMARKS.md")
+    bench.add_argument("--config", action="append", required=True,
+                       help="benchmark config (recipes/bench/*.yaml); repeat for several targets")
+    bench.add_argument("--stages", default=",".join(STAGES),
+                       help="comma list of data, train, eval (each resumes); none = report only")
+    bench.add_argument("--report", default="BENCHMARKS.md",
+                       help="markdown file to regenerate from the results")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from draftsmith.bench.config import load_bench_config
+    from draftsmith.bench.report import write_benchmarks
+    from draftsmith.bench.run import run_bench
+    from draftsmith.errors import DraftsmithError
+
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip() and s != "none")
+    bad = sorted(set(stages) - set(STAGES))
+    if bad:
+        raise DraftsmithError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+    configs = [load_bench_config(path) for path in args.config]  # all checked before any work
+    benches = []
+    for config in configs:
+        path = run_bench(config, stages)
+        benches.append((json.loads(path.read_text()), Path(config.out_dir)))
+    command = "bash scripts/bench.sh"
+    preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
+                "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
+    out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble)
+    print(f"wrote {out}")
+    return 0

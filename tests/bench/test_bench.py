@@ -1,0 +1,110 @@
+"""`draftsmith bench` end to end on the real SmolLM2 with a tiny budget (shared data -> calibrated
+training in its own process -> one evaluation with several named drafters -> BENCHMARKS.md and
+plots), plus the config checks and the report's arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftsmith.bench.config import load_bench_config
+from draftsmith.bench.report import set_mean
+from draftsmith.bench.run import seconds_per_step
+from draftsmith.cli import main
+from draftsmith.errors import DraftsmithError
+
+from conftest import require_offline_model
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "smollm2-135m-instruct"
+
+
+def write_configs(tmp_path: Path, **bench_overrides) -> Path:
+    conversations = tmp_path / "convs.jsonl"
+    conversations.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Name {n} colours, briefly."},
+        {"role": "assistant", "content": f"Here are {n} colours: red, green and blue."}]}) + "\n"
+        for n in range(2, 9)))
+    data = tmp_path / "data.yaml"
+    data.write_text(yaml.safe_dump({
+        "target": {"name": NAME, "dtype": "bfloat16"},
+        "data": {"source": str(conversations), "max_length": 64, "out_dir": "ignored",
+                 "regenerate": None, "cache": {"kinds": ["eagle1"]}}}))
+    bench = {
+        "target": NAME, "data": str(data), "out_dir": str(tmp_path / "run"),
+        "budget_minutes": 0.001, "calibration_steps": 3,
+        "train": {"features": "offline", "batch_size": 2, "max_length": 64, "eval_fraction": 0.2},
+        "kinds": {"eagle1": {"recipe": str(ROOT / "recipes/smollm2-135m/eagle1.yaml")}},
+        "eval": {"bench": ["gsm8k"], "limit": 1, "max_new_tokens": 8, "temperatures": [0.0],
+                 "tree": {"topk": 2, "depth": 2, "total_tokens": 3},
+                 "methods": {"prompt_lookup": "prompt lookup",
+                             "drafter_static@eagle1": "EAGLE-1",
+                             "drafter_dynamic@eagle1": "EAGLE-2"}},
+        "bars": {"drafter_dynamic@eagle1": 2.6}, "speedup_bar": 1.6, **bench_overrides}
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(bench, sort_keys=False))
+    return path
+
+
+def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
+    require_offline_model(NAME)
+    config = write_configs(tmp_path)
+    monkeypatch.chdir(tmp_path)  # BENCHMARKS.md and benchmarks/ land in the working directory
+    assert main(["bench", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    budget = json.loads((run / "train/eagle1/budget.json").read_text())
+    assert budget["steps"] == 3 and budget["features"] == "offline"
+    assert (run / "train/eagle1/drafter/model.safetensors").is_file()
+    recipe = yaml.safe_load((run / "recipes/eagle1.yaml").read_text())
+    assert recipe["data"]["out_dir"] == str(run / "data") and recipe["train"]["max_steps"] == 3
+    payload = json.loads((run / "eval_t0/eval.json").read_text())
+    rows = payload["summary"]["all"]
+    assert list(rows) == ["plain", "prompt_lookup", "drafter_static@eagle1",
+                          "drafter_dynamic@eagle1"]
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| EAGLE-2 |" in md and "| EAGLE-2 tau | >= 2.6 |" in md
+    assert "missed" in md and "misses 2.6 by" in md
+    assert "### Training: 0.001 wall-clock minutes per drafter" in md
+    for name in ("speedup", "acceptance", "training"):
+        assert (tmp_path / "benchmarks" / NAME / f"{name}.png").stat().st_size > 0
+    assert (tmp_path / "benchmarks" / NAME / "eval_t0.json").is_file()
+
+    # a second run resumes: nothing is trained or evaluated again
+    before = (run / "eval_t0/eval.json").stat().st_mtime_ns
+    assert main(["bench", "--config", str(config)]) == 0
+    assert (run / "eval_t0/eval.json").stat().st_mtime_ns == before
+    assert json.loads((run / "train/eagle1/attempts.json").read_text()).__len__() == 1
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"kinds": {"eagle1": {"recipe": "no/such.yaml"}}}, "no/such.yaml, which does not exist"),
+    ({"budget_minutes": 0}, "budget_minutes must be > 0"),
+    ({"colour": 1}, "unknown key"),
+])
+def test_bad_bench_configs_are_clear_errors(tmp_path, overrides, message):
+    with pytest.raises(DraftsmithError, match=message):
+        load_bench_config(write_configs(tmp_path, **overrides))
+
+
+def test_an_eval_method_must_name_a_trained_drafter(tmp_path):
+    path = write_configs(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["eval"]["methods"]["drafter@mtp"] = "MTP"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(DraftsmithError, match="names no drafter in `kinds`"):
+        load_bench_config(path)
+
+
+def test_bench_rejects_unknown_stages(tmp_path, capsys):
+    assert main(["bench", "--config", str(write_configs(tmp_path)), "--stages", "tran"]) == 2
+    assert "unknown stage(s) ['tran']" in capsys.readouterr().err
+
+
+def test_report_means_weight_each_prompt_set_equally():
+    summary = {"a": {"m": {"tau": 1.0}}, "b": {"m": {"tau": 3.0}}, "all": {"m": {"tau": 9.9}}}
+    assert set_mean(summary, "m", "tau") == 2.0
+    rows = [{"step": s, "loss": 1.0, "seconds": t} for s, t in ((1, 5.0), (2, 6.0), (4, 8.0))]
+    assert seconds_per_step(rows) == 1.0
