@@ -75,9 +75,12 @@ class RegenerateConfig:
     batch_size: int = 16  # at most this many prompts per `generate` call (left padded)
     batch_tokens: int = 16384  # and at most rows * (longest prompt + max_new_tokens) tokens
     shard_size: int = 256  # conversations per JSONL shard (the unit of resume)
+    limit: int | None = None  # answer only the first N conversations again; the rest keep theirs
 
     def __post_init__(self):
         p = "data.regenerate"
+        _require(self.limit is None or _positive_int(self.limit), f"{p}.limit", self.limit,
+                 "must be a positive integer, or null to answer every conversation again")
         _require(_positive_int(self.max_new_tokens), f"{p}.max_new_tokens", self.max_new_tokens,
                  "must be a positive integer (e.g. 512)")
         _require(isinstance(self.temperature, (int, float)) and self.temperature >= 0,

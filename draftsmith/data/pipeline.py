@@ -70,8 +70,10 @@ def run_data_recipe(
 
     if data.regenerate is not None:
         folder = out_dir / "regenerated"
+        limit = data.regenerate.limit
+        kept = [] if limit is None else conversations[limit:]
         report = regenerate(
-            model, tokenizer, conversations, folder, template=template, settings=data.regenerate,
+            model, tokenizer, conversations[:limit], folder, template=template, settings=data.regenerate,
             max_length=data.max_length, eos_ids=target.eos_token_ids, identity=identity,
             stop_after_shards=stop_after_shards, progress=progress)
         manifest = read_manifest(folder)
@@ -82,13 +84,17 @@ def run_data_recipe(
             "new_tokens": _throughput(manifest, "new_tokens"),
             "stops": dict(sum((Counter(s["stops"]) for s in manifest["shards"]), Counter())),
             "dropped": dict(sum((Counter(s["dropped"]) for s in manifest["shards"]), Counter())),
+            "kept_as_written": len(kept),
         }
         log(f"regenerated {summary['regeneration']['conversations']:,} conversations into "
             f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)")
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)
-        conversations, _ = load_conversations(str(folder))
+        conversations = load_conversations(str(folder))[0] + kept
+        if kept:
+            log(f"{len(kept):,} more conversations keep their responses as written "
+                "(data.regenerate.limit)")
 
     render_stats = RenderStats()
     samples = render_conversations(tokenizer, conversations, template, data.max_length, render_stats)

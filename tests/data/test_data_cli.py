@@ -72,6 +72,18 @@ def test_run_stops_resumes_and_writes_everything(workspace, capsys):
     assert "bytes/token on disk" in printed and "5 of 5 conversations done" in printed
 
 
+def test_regenerate_limit_answers_only_the_first_conversations(workspace):
+    out = workspace / "out-limit"
+    assert data_cli(["data", "run", "--config", str(workspace / "recipe.yaml"), "--no-progress",
+                     f"data.out_dir={out}", "data.regenerate.limit=2", "data.cache=null"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["regeneration"]["conversations"] == 2
+    assert summary["regeneration"]["kept_as_written"] == 4
+    assert summary["rendering"]["rendered"] == 6
+    lines = (out / "tokenized.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines][2:] == ["r2", "r3", "r4", "r5"]
+
+
 def test_show_marks_trained_tokens(workspace, capsys):
     assert data_cli(["data", "show", "--target", str(workspace / "tiny"),
                      "--source", str(workspace / "chats.jsonl"), "--limit", "1"]) == 0
