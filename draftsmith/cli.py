@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tree-depth", type=int, default=6)
     ev.add_argument("--tree-total-tokens", default="16",
                     help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
-                    "machine and pick the size with the best expected tokens/s")
+                    "machine and the drafter's confidences and pick, per dynamic-tree method, the "
+                    "depth and size with the best expected tokens/s")
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
     ev.set_defaults(func=cmd_eval)
 

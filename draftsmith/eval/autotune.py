@@ -1,12 +1,16 @@
-"""Tree budget auto-tuning: pick the number of draft tokens that maximises expected tokens/s here.
+"""Tree budget auto-tuning: pick the tree depth and number of draft tokens that maximise expected
+tokens/s on this machine, for this target and this drafter.
 
 Two measurements on the current hardware:
   * the target's verify cost T(n) for n new tokens on a cached context (it grows slowly with n
     while the forward is bound by reading weights, then faster once compute dominates);
-  * the drafter's own confidences on calibration prompts: with the largest tree, each step's nodes
-    sorted by cumulative draft probability give E[tau](n) = 1 + sum of the n best path
-    probabilities (EAGLE-2's assumption that draft confidence tracks acceptance).
-The chosen budget maximises E[tau](n) / (T(n + 1) + T_draft).
+  * the drafter's own confidences on calibration prompts: with the deepest, largest tree, each
+    step's nodes sorted by cumulative draft probability give E[tau](d, n) = 1 + sum of the n best
+    path probabilities among nodes at depth <= d (EAGLE-2's assumption that draft confidence
+    tracks acceptance), and the drafting time per depth.
+The chosen (d, n) maximises E[tau](d, n) / (T(n + 1) + d * T_depth). On a CPU, where a drafter
+forward is a sizeable share of a small target's forward, this picks shallow, narrow trees for a
+weak drafter and deeper ones as it improves.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class _ScoreRecorder:
     def propose(self, root, max_depth):
         tree = self.inner.propose(root, max_depth)
         if tree.scores is not None:
-            self.steps.append(sorted(tree.scores[1:].exp().tolist(), reverse=True))
+            self.steps.append(sorted(zip(tree.scores[1:].exp().tolist(),
+                                         tree.depths[1:].tolist(), strict=True), reverse=True))
         return tree
 
     def observe(self, path_tokens, target_out, path):
@@ -71,34 +76,39 @@ class _ScoreRecorder:
 
 @dataclass
 class TreeBudget:
-    """The autotuner's choice and the curves behind it (seconds, expected tau per size)."""
+    """The autotuner's choice and the curves behind it (seconds; expected tau and tokens/s per
+    "depth,size" key)."""
 
     total_tokens: int
+    depth: int
     verify_seconds: dict[int, float]
-    expected_tau: dict[int, float]
-    draft_seconds_per_step: float
-    expected_tokens_per_second: dict[int, float]
+    expected_tau: dict[str, float]
+    draft_seconds_per_depth: float
+    expected_tokens_per_second: dict[str, float]
 
 
-def autotune_total_tokens(
+def autotune_tree(
     runner: CausalLMRunner,
-    make_proposer: Callable[[int], Proposer],
+    make_proposer: Callable[[int, int], Proposer],
     prompts: list[list[int]],
     sizes: tuple[int, ...] = (2, 4, 8, 12, 16, 24, 32, 48, 64),
+    depths: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     max_new_tokens: int = 32,
 ) -> TreeBudget:
-    """Choose the dynamic tree's `total_tokens` for this target, drafter and machine.
+    """Choose the dynamic tree's depth and `total_tokens` for this target, drafter and machine.
 
     Args:
         runner: the target's runner.
-        make_proposer: builds a tree proposer with the given total_tokens (it must set
+        make_proposer: builds a tree proposer for (depth, total_tokens) (it must set
             `Tree.scores`, as the dynamic tree does).
         prompts: calibration prompts (token ids).
         sizes: candidate budgets (draft tokens, root excluded).
+        depths: candidate depths.
         max_new_tokens: tokens generated per calibration prompt.
     """
     verify = measure_verify_cost(runner, [1, *[n + 1 for n in sizes]])
-    recorder = _ScoreRecorder(make_proposer(max(sizes)))
+    deepest = max(depths)
+    recorder = _ScoreRecorder(make_proposer(deepest, max(sizes)))
     draft_seconds, steps = 0.0, 0
     for prompt in prompts:
         result = generate(runner, recorder, prompt, max_new_tokens)
@@ -106,8 +116,15 @@ def autotune_total_tokens(
         steps += result.steps
     if not recorder.steps:
         raise ValueError("the proposer reported no node scores; autotuning needs a dynamic tree")
-    t_draft = draft_seconds / max(steps, 1)
-    tau = {n: 1 + statistics.fmean(sum(s[:n]) for s in recorder.steps) for n in sizes}
-    speed = {n: tau[n] / (verify[n + 1] + t_draft) for n in sizes}
-    best = max(sizes, key=lambda n: speed[n])
-    return TreeBudget(best, verify, tau, t_draft, speed)
+    t_depth = draft_seconds / max(steps, 1) / deepest
+    tau, speed = {}, {}
+    for d in depths:
+        for n in sizes:
+            key = f"{d},{n}"
+            # nodes are sorted best first: the n best at depth <= d
+            tau[key] = 1 + statistics.fmean(
+                sum([p for p, depth in nodes if depth <= d][:n]) for nodes in recorder.steps)
+            speed[key] = tau[key] / (verify[n + 1] + d * t_depth)
+    best = max(speed, key=speed.get)
+    d, n = (int(x) for x in best.split(","))
+    return TreeBudget(n, d, verify, tau, t_depth, speed)

@@ -19,10 +19,11 @@ from tqdm.auto import tqdm
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.autotune import TreeBudget, autotune_total_tokens
+from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.decode import generate
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
 from draftsmith.eval.methods import (
+    DEFAULT_TREE,
     NEEDS_DRAFT,
     NEEDS_DRAFTER,
     ProposerSettings,
@@ -61,8 +62,8 @@ class EvalConfig:
         settings: proposer knobs.
         out_dir: where eval.json and the plots go.
         trust_remote_code: passed to model loading.
-        autotune_tree: measure this machine and pick the dynamic tree's total_tokens (replaces
-            `settings.tree.total_tokens`).
+        autotune_tree: measure this machine and pick each dynamic-tree method's depth and
+            total_tokens (replacing `settings.tree`'s for that method).
     """
 
     target: str = DEFAULT_TARGET
@@ -127,6 +128,7 @@ class MethodRunner:
         self.target = target
         self.draft_model = draft_model
         self.drafters = drafters or {}
+        self.settings: dict[str, ProposerSettings] = {}  # per-method (autotuned trees)
         self.runners: dict[tuple[int, bool], CausalLMRunner] = {}
         self.eos = target.eos_token_ids
 
@@ -145,7 +147,8 @@ class MethodRunner:
                                           cfg.settings.lookup_tokens)
             return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
         drafter, model = self.drafters.get(split_method(method)[1], (None, self.target.model))
-        proposer = make_proposer(method, cfg.settings, cfg.sampling, self.draft_model, drafter)
+        settings = self.settings.get(method, cfg.settings)
+        proposer = make_proposer(method, settings, cfg.sampling, self.draft_model, drafter)
         runner = self._runner(model, getattr(proposer, "needs_hidden_states", False))
         result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
         return result.tokens, RunRecord(
@@ -155,18 +158,33 @@ class MethodRunner:
             result.step_seconds)
 
 
-def _autotune(config: EvalConfig, target, draft_model, prompts, log) -> TreeBudget:
-    calibration = [render_chat(target.tokenizer, [{"role": "user", "content": p.turns[0]}])
+def _uses_dynamic_tree(method: str, drafters: dict) -> bool:
+    base, label = split_method(method)
+    if base == "draft_model_tree" or base == "drafter_dynamic":
+        return True
+    return base == "drafter" and DEFAULT_TREE[drafters[label][0].kind] == "dynamic"
+
+
+def _autotune(runner: MethodRunner, method: str, prompts, log) -> TreeBudget:
+    """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py)."""
+    cfg = runner.config
+    calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}])
                    for p in prompts[:2]]
-    budget = autotune_total_tokens(
-        CausalLMRunner(target.model),
-        lambda total: make_proposer("draft_model_tree", replace(
-            config.settings, tree=replace(config.settings.tree, total_tokens=total)),
-            config.sampling, draft_model),
-        calibration)
-    log("tree budget: " + ", ".join(
-        f"{n}: tau~{budget.expected_tau[n]:.2f} verify {budget.verify_seconds[n + 1] * 1e3:.0f}ms"
-        for n in budget.expected_tau) + f" -> total_tokens={budget.total_tokens}")
+    drafter, model = runner.drafters.get(split_method(method)[1], (None, runner.target.model))
+
+    def make(depth: int, total: int):
+        tree = replace(cfg.settings.tree, depth=depth, total_tokens=total)
+        return make_proposer(method, replace(cfg.settings, tree=tree), cfg.sampling,
+                             runner.draft_model, drafter)
+
+    hidden = getattr(make(1, 1), "needs_hidden_states", False)
+    budget = autotune_tree(runner._runner(model, hidden), make, calibration)
+    best = f"{budget.depth},{budget.total_tokens}"
+    log(f"tree for {method}: depth {budget.depth}, {budget.total_tokens} tokens "
+        f"(expected tau {budget.expected_tau[best]:.2f}, drafting "
+        f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth, verify "
+        f"{budget.verify_seconds[budget.total_tokens + 1] * 1e3:.0f} ms vs "
+        f"{budget.verify_seconds[1] * 1e3:.0f} ms for one token)")
     return budget
 
 
@@ -206,13 +224,15 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         check_same_vocab(target.model, draft_model)
     drafters = load_drafters(config, target, log)
     tokenizer = target.tokenizer
-    tree_budget = None
-    if config.autotune_tree and "draft_model_tree" in config.methods:
-        tree_budget = _autotune(config, target, draft_model, prompts, log)
-        config = replace(config, settings=replace(
-            config.settings, tree=replace(config.settings.tree,
-                                          total_tokens=tree_budget.total_tokens)))
     runner = MethodRunner(config, target, draft_model, drafters)
+    tree_budgets = {}
+    if config.autotune_tree:
+        for method in config.methods:
+            if _uses_dynamic_tree(method, drafters):
+                tree_budgets[method] = _autotune(runner, method, prompts, log)
+                runner.settings[method] = replace(config.settings, tree=replace(
+                    config.settings.tree, depth=tree_budgets[method].depth,
+                    total_tokens=tree_budgets[method].total_tokens))
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}])
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
@@ -254,7 +274,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "torch": torch.__version__,
-        "tree_budget": asdict(tree_budget) if tree_budget else None,
+        "tree_budgets": {m: asdict(b) for m, b in tree_budgets.items()},
         "drafters": {label: {"kind": d.kind, "path": path,
                              "training_steps": d.meta.get("training_steps"),
                              "lora_merged": bool(d.meta.get("lora")),

@@ -1,6 +1,6 @@
 """Tree budget auto-tuning on a tiny target: measured costs, expected tau, a choice among sizes."""
 
-from draftsmith.eval.autotune import autotune_total_tokens, measure_verify_cost
+from draftsmith.eval.autotune import autotune_tree, measure_verify_cost
 from draftsmith.eval.proposers.draft_model import DraftModelTreeProposer
 from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
@@ -15,15 +15,22 @@ def test_verify_cost_is_measured_for_each_size():
     assert runner.pending == 0 and runner.length == 32
 
 
-def test_autotune_picks_a_size_and_expected_tau_grows_with_it():
+def test_autotune_picks_depth_and_size_and_expected_tau_grows_with_both():
     target = tiny_target("qwen2")
-    sizes = (2, 4, 8)
-    budget = autotune_total_tokens(
+    sizes, depths = (2, 4, 8), (1, 2, 4)
+    budget = autotune_tree(
         CausalLMRunner(target),
-        lambda total: DraftModelTreeProposer(target, dynamic=DynamicTreeConfig(2, 4, total)),
-        [list(range(5, 25))], sizes=sizes, max_new_tokens=8)
-    assert budget.total_tokens in sizes
-    taus = [budget.expected_tau[n] for n in sizes]
-    assert taus == sorted(taus) and taus[0] > 1.0
-    best = max(sizes, key=lambda n: budget.expected_tokens_per_second[n])
-    assert budget.total_tokens == best
+        lambda depth, total: DraftModelTreeProposer(target, dynamic=DynamicTreeConfig(2, depth,
+                                                                                     total)),
+        [list(range(5, 25))], sizes=sizes, depths=depths, max_new_tokens=8)
+    assert budget.total_tokens in sizes and budget.depth in depths
+    for d in depths:
+        taus = [budget.expected_tau[f"{d},{n}"] for n in sizes]
+        assert taus == sorted(taus) and taus[0] > 1.0
+    for n in sizes:
+        taus = [budget.expected_tau[f"{d},{n}"] for d in depths]
+        assert taus == sorted(taus)
+    assert budget.expected_tau["1,8"] <= 1 + 2, "depth 1 holds at most topk=2 nodes"
+    best = max(budget.expected_tokens_per_second, key=budget.expected_tokens_per_second.get)
+    assert best == f"{budget.depth},{budget.total_tokens}"
+    assert budget.draft_seconds_per_depth > 0

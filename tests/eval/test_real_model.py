@@ -107,6 +107,7 @@ def test_eval_runs_several_named_drafters_in_one_run(tmp_path):
     assert rows["drafter_dynamic@e1"]["identical_to_plain"] == 1.0
     assert rows["drafter@m2"]["identical_to_plain"] == 0.0, "decodes with the LoRA-merged copy"
     assert payload["drafters"]["m2"]["lora_merged"] and payload["drafters"]["e1"]["kind"] == "eagle1"
+    assert payload["tree_budgets"] == {}
 
 
 def test_eval_cli_names_a_missing_drafter_label(capsys):
