@@ -39,6 +39,7 @@ class EvalSection:
     num_draft_tokens: int = 3
     lookup_tokens: int = 8
     tree: dict = field(default_factory=lambda: {"topk": 3, "depth": 4, "total_tokens": 8})
+    autotune_tree: bool = False  # pick depth and size per dynamic-tree method on this machine
     methods: dict = field(default_factory=dict)  # method -> display name, in run order
 
 
@@ -58,6 +59,8 @@ class BenchConfig:
         eval: the evaluation.
         bars: method -> minimum mean tau at temperature 0 (checked in the report).
         speedup_bar: minimum best speedup at temperature 0.
+        expected_order: methods from highest to lowest tau as the literature orders them; the
+            report checks the measured order against it.
     """
 
     target: str
@@ -71,6 +74,7 @@ class BenchConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     bars: dict = field(default_factory=dict)
     speedup_bar: float | None = None
+    expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
     path: str = ""
 
     def kind(self, label: str) -> KindEntry:
@@ -113,7 +117,10 @@ def load_bench_config(path: str | Path) -> BenchConfig:
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
     labels = {k.label for k in entries}
-    for method in evaluation.methods:
+    for method in [*evaluation.methods, *config.bars, *config.expected_order]:
+        if method not in evaluation.methods:
+            raise DraftsmithError(f"{path}: {method!r} (in bars or expected_order) is not one of "
+                                  "the eval methods")
         label = method.partition("@")[2]
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "

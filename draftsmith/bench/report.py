@@ -49,6 +49,22 @@ def _names(bench: dict) -> dict:
     return {"plain": "plain decoding", **bench["config"]["eval"]["methods"]}
 
 
+def _trees(bench: dict) -> str:
+    """How the dynamic trees were shaped: fixed, or autotuned per method (from eval.json)."""
+    cfg = bench["config"]["eval"]
+    if not cfg.get("autotune_tree"):
+        return f"Dynamic trees: {cfg['tree']}."
+    names = _names(bench)
+    chosen = {}
+    for t, payload in bench["eval"].items():
+        for method, b in (payload.get("tree_budgets") or {}).items():
+            chosen.setdefault(names.get(method, method), []).append(
+                f"depth {b['depth']} x {b['total_tokens']} tokens (T={t})")
+    picks = "; ".join(f"{m}: {', '.join(v)}" for m, v in chosen.items())
+    return (f"Dynamic trees autotuned per method on this machine (top-{cfg['tree']['topk']}): "
+            f"{picks}.")
+
+
 def _eval_table(bench: dict, temperature: str) -> list[str]:
     payload = bench["eval"][temperature]
     summary = payload["summary"]
@@ -123,6 +139,37 @@ def _bars(bench: dict) -> tuple[list[str], list[str]]:
             missed.append(f"best trained-drafter speedup {got:.2f}x misses {need}x by "
                           f"{need - got:.2f}x.")
     return lines, missed
+
+
+def _ordering(bench: dict) -> list[str]:
+    """The measured tau order of `expected_order` against the literature's, with each inversion
+    and the training facts behind the two drafters involved."""
+    order = bench["config"].get("expected_order") or []
+    summary = bench["eval"].get("0", {}).get("summary")
+    if not order or not summary:
+        return []
+    names = _names(bench)
+    tau = {m: set_mean(summary, m, "tau") for m in order if m in summary["all"]}
+    measured = sorted(tau, key=lambda m: -(tau[m] or 0))
+    lines = ["Literature order: " + " > ".join(names.get(m, m) for m in order) + ". Measured: "
+             + " > ".join(f"{names.get(m, m)} ({_fmt(tau[m])})" for m in measured) + "."]
+    facts = bench.get("training", {})
+
+    def why(method: str) -> str:
+        rec = facts.get(method.partition("@")[2])
+        if not rec:
+            return names.get(method, method)
+        held = rec.get("held_out", {})
+        return (f"{names.get(method, method)}: {rec['steps']} steps at "
+                f"{rec['seconds_per_step']:.2f} s/step, held-out acc@1 {_fmt(held.get('acc_0'))}")
+
+    for i, high in enumerate(order):
+        for low in order[i + 1:]:
+            if high in tau and low in tau and (tau[low] or 0) > (tau[high] or 0):
+                lines.append(f"- Inverted: {names.get(low, low)} ({_fmt(tau[low])}) above "
+                             f"{names.get(high, high)} ({_fmt(tau[high])}). {why(low)}; "
+                             f"{why(high)}.")
+    return lines
 
 
 def _limits(bench: dict, overhead: dict | None) -> list[str]:
@@ -241,9 +288,9 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              f"in the loss, {'answered again by the target' if regenerated else 'responses as written (labels are the target logits)'}; "
              f"hidden-state cache {_fmt(cache.get('bytes_per_token'), ',.0f')} bytes/token. "
              f"Prompts: {', '.join(cfg['eval']['bench'])}, {cfg['eval']['limit']} item(s) each "
-             f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. Tree "
-             f"for dynamic methods: {cfg['eval']['tree']}; chains: {cfg['eval']['num_draft_tokens']} "
-             "tokens.", "",
+             f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. "
+             f"{_trees(bench)} Chains: {cfg['eval']['num_draft_tokens']} tokens; static trees: "
+             "13 nodes, depth 5.", "",
              f"### Training: {cfg['budget_minutes']:g} wall-clock minutes per drafter on this machine",
              "", *_training_table(bench), ""]
     for t in bench["eval"]:
@@ -253,6 +300,9 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     lines += ["### Bars (greedy)", "", *bar_lines, ""]
     if missed:
         lines += ["Missed:", "", *[f"- {m}" for m in missed], ""]
+    ordering = _ordering(bench)
+    if ordering:
+        lines += ["### Ordering by tau (greedy)", "", *ordering, ""]
     limits = _limits(bench, overhead)
     if limits:
         lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]

@@ -149,7 +149,7 @@ def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
         methods=("plain", *ev.methods), sampling=SamplingConfig(temperature, 1.0, 0),
         settings=ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens, 3,
                                   DynamicTreeConfig(**ev.tree)),
-        out_dir=str(out))
+        out_dir=str(out), autotune_tree=ev.autotune_tree)
     return run_eval(eval_config, log=log)
 
 

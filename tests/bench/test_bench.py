@@ -43,7 +43,8 @@ def write_configs(tmp_path: Path, **bench_overrides) -> Path:
                  "methods": {"prompt_lookup": "prompt lookup",
                              "drafter_static@eagle1": "EAGLE-1",
                              "drafter_dynamic@eagle1": "EAGLE-2"}},
-        "bars": {"drafter_dynamic@eagle1": 2.6}, "speedup_bar": 1.6, **bench_overrides}
+        "bars": {"drafter_dynamic@eagle1": 2.6}, "speedup_bar": 1.6,
+        "expected_order": ["drafter_dynamic@eagle1", "drafter_static@eagle1"], **bench_overrides}
     path = tmp_path / "bench.yaml"
     path.write_text(yaml.safe_dump(bench, sort_keys=False))
     return path
@@ -68,6 +69,7 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert "| EAGLE-2 |" in md and "| EAGLE-2 tau | >= 2.6 |" in md
     assert "missed" in md and "misses 2.6 by" in md
     assert "### Training: 0.001 wall-clock minutes per drafter" in md
+    assert "Literature order: EAGLE-2 > EAGLE-1. Measured:" in md
     for name in ("speedup", "acceptance", "training"):
         assert (tmp_path / "benchmarks" / NAME / f"{name}.png").stat().st_size > 0
     assert (tmp_path / "benchmarks" / NAME / "eval_t0.json").is_file()
