@@ -12,9 +12,10 @@ import yaml
 
 from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.report import set_mean
-from draftsmith.bench.run import seconds_per_step
+from draftsmith.bench.run import kind_recipe, seconds_per_step
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.recipe import build_recipe
 
 from conftest import require_offline_model
 
@@ -110,3 +111,12 @@ def test_report_means_weight_each_prompt_set_equally():
     assert set_mean(summary, "m", "tau") == 2.0
     rows = [{"step": s, "loss": 1.0, "seconds": t} for s, t in ((1, 5.0), (2, 6.0), (4, 8.0))]
     assert seconds_per_step(rows) == 1.0
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes/bench").glob("*.yaml")), ids=lambda p: p.name)
+def test_bench_configs_parse_and_name_their_command(path):
+    config = load_bench_config(path)
+    for entry in config.kinds:
+        build_recipe(kind_recipe(config, entry))
+    first = path.read_text().splitlines()[0]
+    assert first.startswith(f"# draftsmith bench --config {path.relative_to(ROOT)}")

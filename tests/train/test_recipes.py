@@ -10,7 +10,7 @@ from draftsmith.train.recipe import load_recipe
 from draftsmith.train.run import data_recipe
 
 ROOT = Path(__file__).resolve().parents[2] / "recipes"
-TRAIN_RECIPES = sorted(p for p in ROOT.glob("*/*.yaml") if p.parent.name not in ("accelerate", "data"))
+TRAIN_RECIPES = sorted(p for p in ROOT.glob("*/*.yaml") if p.parent.name not in ("accelerate", "data", "bench"))
 
 
 def test_there_are_recipes_for_every_kind_on_the_default_target():
