@@ -85,13 +85,35 @@ def seconds_per_step(rows: list[dict]) -> float:
     return (last["seconds"] - first["seconds"]) / (last["step"] - first["step"])
 
 
+def trainable_params(drafter_dir: Path, kind: str) -> int:
+    """Parameters a drafter trains: its saved tensors minus the frozen copies of the target's
+    embedding / head, plus a Medusa-2 LoRA adapter."""
+    from safetensors import safe_open
+
+    from draftsmith.export.importer import FROZEN
+
+    total = 0
+    files = [(drafter_dir / "model.safetensors", FROZEN.get(kind, ())),
+             (drafter_dir / "lora" / "adapter_model.safetensors", ())]
+    for path, frozen in files:
+        if path.is_file():
+            with safe_open(str(path), "pt") as handle:
+                names = list(handle.keys())
+                slices = [handle.get_slice(k) for k in names if not k.startswith(frozen)]
+                total += sum(math.prod(t.get_shape()) for t in slices
+                             if t.get_dtype() not in ("I64", "BOOL"))  # d2t / t2d are buffers
+    return total
+
+
 def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     """Calibrate, then train one drafter for the budget; returns its budget record."""
     out = Path(config.out_dir)
     folder = out / "train" / entry.label
     record_path = folder / "budget.json"
     if record_path.is_file() and (folder / "drafter").is_dir():
-        return json.loads(record_path.read_text())
+        record = json.loads(record_path.read_text())
+        record.setdefault("trainable_params", trainable_params(folder / "drafter", record["kind"]))
+        return record
     calibration = out / "calibrate" / entry.label
     rows = _metrics(calibration)
     if not any(r.get("step") == config.calibration_steps and "loss" in r for r in rows):
@@ -120,6 +142,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
         "features": raw["train"].get("features", "online"),
         "lora": bool(raw["drafter"].get("lora")),
+        "trainable_params": trainable_params(folder / "drafter", raw["drafter"]["kind"]),
         "held_out": {k[5:]: v for k, v in (final[-1] if final else {}).items()
                      if k.startswith("eval/")},
         "recipe": str(out / "recipes" / f"{entry.label}.yaml"),
