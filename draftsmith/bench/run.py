@@ -105,15 +105,20 @@ def trainable_params(drafter_dir: Path, kind: str) -> int:
     return total
 
 
+def read_record(folder: Path) -> dict:
+    """A finished drafter's budget record (older records get their parameter count here)."""
+    record = json.loads((folder / "budget.json").read_text())
+    record.setdefault("trainable_params", trainable_params(folder / "drafter", record["kind"]))
+    return record
+
+
 def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     """Calibrate, then train one drafter for the budget; returns its budget record."""
     out = Path(config.out_dir)
     folder = out / "train" / entry.label
     record_path = folder / "budget.json"
     if record_path.is_file() and (folder / "drafter").is_dir():
-        record = json.loads(record_path.read_text())
-        record.setdefault("trainable_params", trainable_params(folder / "drafter", record["kind"]))
-        return record
+        return read_record(folder)
     calibration = out / "calibrate" / entry.label
     rows = _metrics(calibration)
     if not any(r.get("step") == config.calibration_steps and "loss" in r for r in rows):
@@ -187,7 +192,7 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
         if "train" in stages:
             records[entry.label] = train_kind(config, entry, log)
         elif (out / "train" / entry.label / "budget.json").is_file():
-            records[entry.label] = json.loads((out / "train" / entry.label / "budget.json").read_text())
+            records[entry.label] = read_record(out / "train" / entry.label)
     evals = {}
     for temperature in config.eval.temperatures:
         if "eval" in stages:
