@@ -132,7 +132,7 @@ class MethodRunner:
         self.runners: dict[tuple[int, bool], CausalLMRunner] = {}
         self.eos = target.eos_token_ids
 
-    def _runner(self, model, hidden: bool) -> CausalLMRunner:
+    def runner_for(self, model, hidden: bool) -> CausalLMRunner:
         key = (id(model), hidden)
         if key not in self.runners:
             self.runners[key] = CausalLMRunner(model, output_hidden_states=hidden)
@@ -149,7 +149,7 @@ class MethodRunner:
         drafter, model = self.drafters.get(split_method(method)[1], (None, self.target.model))
         settings = self.settings.get(method, cfg.settings)
         proposer = make_proposer(method, settings, cfg.sampling, self.draft_model, drafter)
-        runner = self._runner(model, getattr(proposer, "needs_hidden_states", False))
+        runner = self.runner_for(model, getattr(proposer, "needs_hidden_states", False))
         result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
         return result.tokens, RunRecord(
             method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
@@ -178,7 +178,7 @@ def _autotune(runner: MethodRunner, method: str, prompts, log) -> TreeBudget:
                              runner.draft_model, drafter)
 
     hidden = getattr(make(1, 1), "needs_hidden_states", False)
-    budget = autotune_tree(runner._runner(model, hidden), make, calibration)
+    budget = autotune_tree(runner.runner_for(model, hidden), make, calibration)
     best = f"{budget.depth},{budget.total_tokens}"
     log(f"tree for {method}: depth {budget.depth}, {budget.total_tokens} tokens "
         f"(expected tau {budget.expected_tau[best]:.2f}, drafting "
