@@ -132,7 +132,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     raw = kind_recipe(config, entry, output_dir=str(folder))
     raw["train"].update(max_steps=steps, warmup_steps=min(raw["train"].get("warmup_steps", 0),
                                                           steps // 10),
-                        save_every=max(steps // 4, 1), eval_every=max(steps // 4, 1))
+                        save_every=max(steps // 4, 1), eval_every=max(steps // 2, 1))
     attempts_path = folder / "attempts.json"
     attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
     folder.mkdir(parents=True, exist_ok=True)
