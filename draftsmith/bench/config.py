@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from draftsmith.data.config import read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 
 
@@ -96,14 +95,7 @@ def _section(cls, values, where: str, **extra):
 
 def load_bench_config(path: str | Path) -> BenchConfig:
     """Read and check a benchmark file; every referenced recipe must exist."""
-    path = Path(path)
-    if not path.is_file():
-        raise DraftsmithError(f"benchmark config {path} does not exist; see recipes/bench/")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise DraftsmithError(f"benchmark config {path} is not valid YAML: {err}") from err
-    raw = dict(raw)
+    raw = read_yaml_mapping(path, "benchmark config", "see recipes/bench/")
     kinds = raw.pop("kinds", None) or {}
     if not isinstance(kinds, dict) or not kinds:
         raise DraftsmithError(f"{path}: `kinds` must map drafter labels to {{recipe: FILE}}")

@@ -227,6 +227,15 @@ def _limits(bench: dict, overhead: dict | None) -> list[str]:
     return lines
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(bench: dict, folder: Path) -> list[Path]:
     """speedup.png (per method, each temperature), acceptance.png (greedy, per depth) and
     training.png (held-out acc@1 against training minutes per drafter)."""
@@ -253,25 +262,19 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
                       [names.get(m, m) for m in methods], rotation=30, ha="right", fontsize=8)
         ax.set(ylabel="speedup over plain (mean over sets)", title=bench["config"]["target"])
         ax.legend()
-        fig.tight_layout()
-        paths.append(folder / "speedup.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, folder / "speedup.png"))
 
         summary = bench["eval"][temps[0]]["summary"]
         fig, ax = plt.subplots(figsize=(7, 4))
         for m in methods:
-            rates = [r for r in (summary["all"][m].get("acceptance_by_depth") or [])[:6]]
+            rates = (summary["all"][m].get("acceptance_by_depth") or [])[:6]
             if rates:
                 ax.plot(range(1, len(rates) + 1), rates, marker="o", label=names.get(m, m))
         ax.set(xlabel="draft depth", ylabel="acceptance given the previous was accepted",
                ylim=(0, 1.02), title=f"Acceptance per depth, temperature {temps[0]}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(folder / "acceptance.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, folder / "acceptance.png"))
     if bench.get("curves"):
         fig, ax = plt.subplots(figsize=(7, 4))
         for label, curve in bench["curves"].items():
@@ -284,10 +287,7 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
                ylabel="held-out acc@1 vs target", title="Training under the same budget")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(folder / "training.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(fig, folder / "training.png"))
     return paths
 
 

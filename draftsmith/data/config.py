@@ -203,6 +203,30 @@ class DataRecipe:
     data: DataConfig
 
 
+def read_yaml_mapping(path: str | Path, what: str, fix: str) -> dict:
+    """A YAML file that must hold a mapping (a recipe or config), read with clear errors.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages ("recipe", "benchmark config").
+        fix: where to look when it does not exist (e.g. "see recipes/data/ for examples").
+
+    Raises:
+        DraftsmithError: a missing file, bad YAML, or anything but a mapping at the top.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DraftsmithError(f"{what} {path} does not exist; {fix}")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise DraftsmithError(f"{what} {path} is not valid YAML: {err}") from err
+    if not isinstance(values, dict):
+        raise DraftsmithError(f"{what} {path} must be a mapping of sections, got "
+                              f"{type(values).__name__}")
+    return values
+
+
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
     """Apply `a.b=value` overrides (values parsed as YAML) to a nested dict, in place.
 
@@ -230,15 +254,7 @@ def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> Da
     Raises:
         DraftsmithError: a missing file, bad YAML, unknown keys or invalid values.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DraftsmithError(f"recipe {path} does not exist; see recipes/data/ for examples")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise DraftsmithError(f"recipe {path} is not valid YAML: {err}") from err
-    if not isinstance(values, dict):
-        raise DraftsmithError(f"recipe {path} must be a mapping with `target` and `data` sections")
+    values = read_yaml_mapping(path, "recipe", "see recipes/data/ for examples")
     apply_overrides(values, overrides or [])
     unknown = sorted(set(values) - {"target", "data"})
     if unknown:

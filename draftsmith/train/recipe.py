@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
-from draftsmith.data.config import apply_overrides
+from draftsmith.data.config import apply_overrides, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
 
@@ -162,11 +160,5 @@ def build_recipe(raw: dict) -> Recipe:
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DraftsmithError(f"recipe {path} does not exist; recipes live in recipes/")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise DraftsmithError(f"recipe {path} is not valid YAML: {err}") from err
+    raw = read_yaml_mapping(path, "recipe", "recipes live in recipes/")
     return build_recipe(apply_overrides(raw, overrides or []))
