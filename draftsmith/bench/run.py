@@ -43,8 +43,13 @@ def prepare_data(config: BenchConfig, log=print) -> Path:
 
 def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
     """The kind's recipe with the shared data section and the benchmark's overrides."""
-    raw = yaml.safe_load(Path(entry.recipe).read_text())
-    data = yaml.safe_load(Path(config.data).read_text())["data"]
+    from draftsmith.data.config import read_yaml_mapping
+
+    raw = read_yaml_mapping(entry.recipe, "recipe", "recipes live in recipes/")
+    data = read_yaml_mapping(config.data, "data recipe", "see recipes/data/")
+    if not isinstance(data.get("data"), dict):
+        raise DraftsmithError(f"data recipe {config.data} has no `data:` section")
+    data = data["data"]
     data["out_dir"] = str(Path(config.out_dir) / "data")
     raw["data"] = data
     raw["target"] = {**raw.get("target", {}), "name": config.target, "dtype": config.dtype}
