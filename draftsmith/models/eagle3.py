@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
@@ -24,8 +25,38 @@ from draftsmith.models.layers import (
 
 
 def eagle3_layer_ids(num_layers: int) -> list[int]:
-    """0-based target layer outputs fused by EAGLE-3: [1, N//2 - 1, N - 4] (at least 0)."""
-    return [max(i, 0) for i in (1, num_layers // 2 - 1, num_layers - 4)]
+    """0-based target layer outputs fused by EAGLE-3 (low, mid, high).
+
+    [1, N//2 - 1, N - 4] as in the reference code, SpecForge and vLLM for N >= 8. Shallower targets
+    repeat layers with that formula (N = 4 gives [1, 1, 0]), which no engine can serve, so they
+    get three evenly spread distinct layers instead: [0, (N-1)//2, N-1].
+
+    Raises:
+        DraftsmithError: N < 3 (EAGLE-3 fuses three distinct layers).
+    """
+    if num_layers >= 8:
+        return [1, num_layers // 2 - 1, num_layers - 4]
+    if num_layers >= 3:
+        return [0, (num_layers - 1) // 2, num_layers - 1]
+    raise DraftsmithError(
+        f"EAGLE-3 fuses three distinct target layers but the target has num_hidden_layers="
+        f"{num_layers}; use a deeper target or another drafter kind (eagle1, medusa, mtp)")
+
+
+def check_eagle3_layer_ids(ids: list[int], num_layers: int) -> None:
+    """Aux layer ids must be three strictly increasing 0-based layer outputs inside the target
+    (vLLM and SGLang capture each layer once, in layer order).
+
+    Raises:
+        DraftsmithError: naming `drafter.layer_ids`, the ids and the valid range.
+    """
+    valid = len(ids) == 3 and all(0 <= i < num_layers for i in ids) and ids == sorted(set(ids))
+    if not valid:
+        raise DraftsmithError(
+            f"EAGLE-3 aux layer ids (drafter.layer_ids) {list(ids)} must be 3 strictly increasing "
+            f"0-based layer outputs in 0..{num_layers - 1} (the target has num_hidden_layers="
+            f"{num_layers}); set drafter.layer_ids accordingly, or leave it unset for the default "
+            f"{eagle3_layer_ids(num_layers) if num_layers >= 3 else 'of a deeper target'}")
 
 
 @dataclass
@@ -36,7 +67,7 @@ class Eagle3Config:
         draft_vocab_size: Vd, tokens the drafter can propose (<= target vocab).
         ttt_steps: training-time test unroll depth (reference code 7, paper 5, speculators 3).
         step_weight: loss weight decay per TTT step (0.8 in the reference).
-        layer_ids: target layer outputs to fuse; None = [1, N//2-1, N-4].
+        layer_ids: target layer outputs to fuse; None = `eagle3_layer_ids(N)`.
     """
 
     draft_vocab_size: int = 32000
@@ -81,7 +112,9 @@ class Eagle3Drafter(nn.Module):
         vd = min(config.draft_vocab_size, vocab)
         self.config = config
         self.layer_config = layer_config
-        self.layer_ids = config.layer_ids or eagle3_layer_ids(target_config.num_hidden_layers)
+        num_layers = target_config.num_hidden_layers
+        self.layer_ids = list(config.layer_ids or eagle3_layer_ids(num_layers))
+        check_eagle3_layer_ids(self.layer_ids, num_layers)
         self.embed_tokens = nn.Embedding(vocab, hidden).requires_grad_(False)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = Eagle3Midlayer(layer_config)

@@ -136,8 +136,10 @@ def test_format_must_hold_the_kind(tmp_path):
 
 
 def test_unservable_layer_ids_are_refused(tmp_path):
-    # the default ids for a 4-layer target repeat a layer: [1, 1, 0]
+    # a checkpoint that records repeated ids (drafters refuse them when built, so edit the record)
     _, _, folder = make_checkpoint(tmp_path, "eagle3", settings={"draft_vocab_size": 100})
+    meta = json.loads((folder / "draftsmith_drafter.json").read_text())
+    (folder / "draftsmith_drafter.json").write_text(json.dumps({**meta, "aux_layers": [1, 1, 0]}))
     with pytest.raises(DraftsmithError, match=r"\[1, 1, 0\] are not strictly increasing"):
         export_drafter(folder, "speculators", tmp_path / "out")
     assert not (tmp_path / "out").exists()
