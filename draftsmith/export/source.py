@@ -15,9 +15,8 @@ from types import SimpleNamespace
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.weights import read_json, read_weights
 from draftsmith.models.layers import drafter_layer_config
-from draftsmith.models.loading import DRAFTER_CONFIG, WEIGHTS
+from draftsmith.models.loading import read_drafter_meta, read_drafter_weights
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -52,22 +51,15 @@ def read_checkpoint(folder: str | Path) -> DraftsmithCheckpoint:
     """Read a draftsmith drafter folder.
 
     Raises:
-        DraftsmithError: the folder is not a draftsmith drafter (e.g. it is already an export).
+        DraftsmithError: the folder is not a draftsmith drafter (e.g. it is already an export), or
+            its metadata or weights are missing or damaged (see `read_drafter_meta`).
     """
     folder = Path(folder)
     if (folder / "config.json").is_file():
         raise DraftsmithError(f"{folder} looks like an export already (it has config.json); export "
                               "from the training output, OUTPUT_DIR/drafter")
-    if not (folder / DRAFTER_CONFIG).is_file() or not (folder / WEIGHTS).is_file():
-        raise DraftsmithError(f"{folder} is not a draftsmith drafter: it needs {DRAFTER_CONFIG} and "
-                              f"{WEIGHTS} (point at OUTPUT_DIR/drafter written by `draftsmith "
-                              "train`)")
-    meta = read_json(folder / DRAFTER_CONFIG)
-    for key in ("kind", "target_config"):
-        if key not in meta:
-            raise DraftsmithError(f"{folder / DRAFTER_CONFIG} lacks {key!r}; was it written by "
-                                  "`draftsmith train`?")
-    return DraftsmithCheckpoint(folder=folder, meta=meta, tensors=read_weights(folder))
+    meta = read_drafter_meta(folder)
+    return DraftsmithCheckpoint(folder=folder, meta=meta, tensors=read_drafter_weights(folder))
 
 
 def base_model_id(target: str | None) -> str | None:

@@ -29,10 +29,9 @@ def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, to
 
     Raises:
         DraftsmithError: no weights; only pickle files and `allow_pickle` is False; a name that
-            appears in two files; a pickle file that holds something other than tensors.
+            appears in two files; a damaged safetensors file; a pickle file that holds something
+            other than tensors.
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     safe, pickles = weight_files(folder)
     if not safe and not pickles:
@@ -45,13 +44,24 @@ def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, to
             "(tensors only, torch.load(weights_only=True)) if you trust the file")
     tensors: dict[str, torch.Tensor] = {}
     for path in safe or pickles:
-        part = load_file(path) if path.suffix == ".safetensors" else _load_pickle(path)
+        part = _load_safetensors(path) if path.suffix == ".safetensors" else _load_pickle(path)
         clash = sorted(set(part) & set(tensors))
         if clash:
             raise DraftsmithError(f"{path} repeats tensor(s) {clash[:3]} found in another file of "
                                   f"{folder}")
         tensors.update(part)
     return tensors
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as err:
+        raise DraftsmithError(f"{path} is damaged (truncated or not safetensors: {err}); download "
+                              "or export it again") from err
 
 
 def _load_pickle(path: Path) -> dict[str, torch.Tensor]:

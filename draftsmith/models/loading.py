@@ -24,15 +24,85 @@ class LoadedDrafter:
     meta: dict
 
 
+# Target config fields every drafter is built from; a record without them cannot be checked.
+TARGET_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers")
+
+
+def read_drafter_meta(folder: str | Path) -> dict:
+    """The validated `draftsmith_drafter.json` of a drafter folder written by `draftsmith train`.
+
+    Raises:
+        DraftsmithError: the folder does not exist, the file is missing or not JSON, or a field
+            (`kind`, `drafter_config`, `target_config` and its sizes, `aux_layers`) is missing or
+            malformed. Each message names the folder, the problem and the fix.
+    """
+    from draftsmith.registry import get_spec
+
+    folder = Path(folder)
+    if not folder.exists():
+        raise DraftsmithError(f"drafter folder {folder} does not exist; pass OUTPUT_DIR/drafter "
+                              "written by `draftsmith train` (or an export folder)")
+    if not folder.is_dir():
+        raise DraftsmithError(f"{folder} is a file, not a drafter folder; pass the folder that "
+                              f"holds {DRAFTER_CONFIG} and {WEIGHTS}")
+    path = folder / DRAFTER_CONFIG
+    if not path.is_file():
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = f" (found pickle files {pickles}: draftsmith only loads safetensors)" if pickles else ""
+        raise DraftsmithError(f"{folder} is not a draftsmith drafter: {DRAFTER_CONFIG} is missing"
+                              f"{hint}")
+    fix = "the training output is damaged; restore it or train again"
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DraftsmithError(f"{path} is not valid JSON ({err}); {fix}") from err
+    if not isinstance(meta, dict):
+        raise DraftsmithError(f"{path} does not hold a JSON object; {fix}")
+    for key, kind in (("kind", str), ("drafter_config", dict), ("target_config", dict)):
+        if not isinstance(meta.get(key), kind):
+            problem = "lacks" if key not in meta else f"has a malformed ({type(meta[key]).__name__})"
+            raise DraftsmithError(f"{path} {problem} field {key!r} ({kind.__name__} expected); {fix}")
+    get_spec(meta["kind"])
+    trained = meta["target_config"]
+    bad = [k for k in TARGET_KEYS if not isinstance(trained.get(k), int) or trained[k] < 1]
+    if bad:
+        raise DraftsmithError(f"{path}: target_config lacks positive integer {bad}, so the drafter "
+                              f"cannot be checked against a target; {fix}")
+    aux = meta.get("aux_layers", [])
+    if not isinstance(aux, list) or not all(isinstance(i, int) for i in aux):
+        raise DraftsmithError(f"{path}: aux_layers {aux!r} is not a list of layer ids; {fix}")
+    return meta
+
+
+def read_drafter_weights(folder: str | Path) -> dict:
+    """The tensors of `folder/model.safetensors`.
+
+    Raises:
+        DraftsmithError: the file is missing, truncated or not safetensors.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(folder) / WEIGHTS
+    if not path.is_file():
+        raise DraftsmithError(f"{path} is missing; the drafter folder is incomplete (restore it or "
+                              "train again)")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as err:
+        raise DraftsmithError(f"{path} is damaged (truncated or not safetensors: {err}); restore "
+                              "it or train again") from err
+
+
 def check_against_target(meta: dict, target_config) -> None:
     """Hidden size, vocab size and layer count recorded at training must match the target.
 
     Raises:
         DraftsmithError: naming the field and both values.
     """
-    trained = meta.get("target_config", {})
-    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
-        if key in trained and trained[key] != getattr(target_config, key, None):
+    trained = meta["target_config"]
+    for key in TARGET_KEYS:
+        if trained[key] != getattr(target_config, key, None):
             raise DraftsmithError(
                 f"drafter was trained for a target with {key}={trained[key]} but this target has "
                 f"{key}={getattr(target_config, key, None)} ({meta.get('target', '?')} vs the "
@@ -42,36 +112,44 @@ def check_against_target(meta: dict, target_config) -> None:
 def load_drafter(folder: str | Path, target: nn.Module) -> LoadedDrafter:
     """Rebuild the drafter of `folder` for `target` and load its weights (safetensors only).
 
-    Raises:
-        DraftsmithError: missing files, a pickle checkpoint, or a mismatch with the target.
-    """
-    from safetensors.torch import load_file
+    EAGLE-3 drafters are rebuilt with the aux layers recorded at training (`aux_layers`), so a
+    change of the default never changes what a saved drafter reads.
 
+    Raises:
+        DraftsmithError: missing or damaged files, malformed metadata, a pickle checkpoint,
+            tensors that do not fit the drafter, or a mismatch with the target.
+    """
     from draftsmith.registry import get_spec
 
     folder = Path(folder)
-    if not (folder / DRAFTER_CONFIG).is_file():
-        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
-        hint = f" (found pickle files {pickles}: draftsmith only loads safetensors)" if pickles else ""
-        raise DraftsmithError(f"{folder} is not a draftsmith drafter: {DRAFTER_CONFIG} is missing"
-                              f"{hint}")
-    meta = json.loads((folder / DRAFTER_CONFIG).read_text())
+    meta = read_drafter_meta(folder)
     check_against_target(meta, target.config)
     spec = get_spec(meta["kind"])
-    module = spec.build(target.config, spec.make_config(meta.get("drafter_config", {})))
-    state = load_file(folder / WEIGHTS)
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("rotary.")]
+    settings = dict(meta["drafter_config"])
+    if meta.get("aux_layers") and "layer_ids" in settings and not settings["layer_ids"]:
+        settings["layer_ids"] = meta["aux_layers"]
+    module = spec.build(target.config, spec.make_config(settings))
+    state = read_drafter_weights(folder)
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state and not k.startswith("rotary.")]
+    unexpected = [k for k in state if k not in expected]
     if unexpected or any(not k.startswith(("embed_tokens", "lm_head")) for k in missing):
         raise DraftsmithError(f"{folder / WEIGHTS} does not fit a {meta['kind']} drafter: "
-                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+                              f"missing {missing[:5]}, unexpected {unexpected[:5]}; restore it or "
+                              "train again")
+    wrong = [f"{k} {list(v.shape)} (needs {list(expected[k].shape)})" for k, v in state.items()
+             if tuple(v.shape) != tuple(expected[k].shape)]
+    if wrong:
+        raise DraftsmithError(f"{folder / WEIGHTS} does not fit the {meta['kind']} drafter its "
+                              f"{DRAFTER_CONFIG} describes: {', '.join(wrong[:3])}; the two files "
+                              "are from different runs or damaged (restore them or train again)")
+    module.load_state_dict(state, strict=False)
     if missing:  # frozen copies of the target's embedding / head were not saved
         module.init_from_target(target)
         module.load_state_dict(state, strict=False)
     param = next(target.parameters())
     module.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
     return LoadedDrafter(kind=meta["kind"], module=module, meta=meta)
-
 
 
 def merge_lora(target: nn.Module, folder: str | Path) -> nn.Module:
