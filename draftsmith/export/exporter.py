@@ -20,8 +20,8 @@ from draftsmith.export.exported import ExportOptions
 from draftsmith.export.formats import formats_for_kind, get_format
 from draftsmith.export.importer import CONFIG, read_exported
 from draftsmith.export.source import base_model_id, cast_floats, read_checkpoint
-from draftsmith.export.validate import check_against_target
-from draftsmith.export.weights import write_json
+from draftsmith.export.validate import check_against_target, check_config_keys
+from draftsmith.export.weights import read_json, write_json
 from draftsmith.models.loading import DRAFTER_CONFIG
 
 CARD = "README.md"
@@ -45,7 +45,8 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
 
     Raises:
         DraftsmithError: wrong format for the kind, existing output, an eval.json of another
-            drafter, a checkpoint inconsistent with its metadata, or unservable layer ids.
+            drafter, a checkpoint inconsistent with its metadata, unservable layer ids, or a
+            `--base-model` whose sizes differ from the training target's.
     """
     options = options or ExportOptions()
     ckpt = read_checkpoint(checkpoint)
@@ -62,6 +63,8 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
     if ckpt.meta.get("lora") and not (ckpt.folder / "lora").is_dir():
         raise DraftsmithError(f"{ckpt.folder} was trained with LoRA (Medusa-2) but has no lora/ "
                               "adapter folder to export with it")
+    if options.base_model:
+        check_base_model(options.base_model, ckpt)
     base = options.base_model or base_model_id(ckpt.meta.get("target"))
     if base is None:
         warnings.warn(f"the training target {ckpt.meta.get('target')!r} is not a Hub id; pass "
@@ -84,10 +87,51 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
     return out
 
 
+def _base_model_config(spec: str):
+    """The config of `--base-model` (catalog Hub ids read from the fetched offline copy), or None
+    with a warning when it cannot be read here (a Hub id without network or cache)."""
+    from transformers import AutoConfig
+
+    from draftsmith import offline_models
+    from draftsmith.target import resolve_source
+
+    names = [m.name for m in offline_models.CATALOG.values() if spec in (m.name, m.hub_id)]
+    if names and offline_models.is_fetched(names[0]):
+        spec = names[0]
+    try:
+        source, kwargs = resolve_source(spec)
+        return AutoConfig.from_pretrained(source, **kwargs).get_text_config()
+    except (DraftsmithError, OSError, ValueError) as err:
+        warnings.warn(f"could not read the config of --base-model {spec!r} ({err}); its sizes are "
+                      "not checked against the drafter's training target", stacklevel=3)
+        return None
+
+
+def check_base_model(spec: str, ckpt) -> None:
+    """`--base-model` must have the hidden size, vocab and layer count the drafter was trained for:
+    the configs and the model card name it as the target.
+
+    Raises:
+        DraftsmithError: naming the key and both values.
+    """
+    config = _base_model_config(spec)
+    if config is None:
+        return
+    trained = ckpt.meta["target_config"]
+    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        value = getattr(config, key, None)
+        if value != trained[key]:
+            raise DraftsmithError(
+                f"--base-model {spec} has {key}={value} but {ckpt.folder} was trained for a target "
+                f"with {key}={trained[key]} ({ckpt.meta.get('target')}); pass the Hub id of the "
+                "target it was trained on, or leave --base-model out")
+
+
 def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> None:
     """Read the export back: it must fit the recorded target and hold the checkpoint's tensors."""
     drafter, _ = read_exported(folder)
     check_against_target(drafter, ckpt.target_config, str(folder))
+    check_config_keys(drafter, read_json(folder / CONFIG), str(folder))
     original = cast_floats(ckpt.tensors, options.dtype)
     for name, value in drafter.state.items():
         if name in original and not torch.equal(value, original[name]):

@@ -15,7 +15,7 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.exported import ExportedDrafter
 from draftsmith.export.formats import detect_format
-from draftsmith.export.validate import check_against_target
+from draftsmith.export.validate import check_against_target, check_config_keys
 from draftsmith.export.weights import read_json, read_weights
 from draftsmith.models.loading import DRAFTER_CONFIG, LoadedDrafter, load_drafter
 
@@ -61,10 +61,12 @@ def check_exported(folder: str | Path, target_config, allow_pickle: bool = False
     """Validate an export folder against a target config (no weights of the target needed).
 
     Raises:
-        DraftsmithError: as `read_exported`, or a mismatch naming both values.
+        DraftsmithError: as `read_exported`, a config.json key the engines need that is missing or
+            disagrees with the tensors, or a mismatch with the target naming both values.
     """
     drafter, _ = read_exported(folder, allow_pickle=allow_pickle)
     check_against_target(drafter, target_config, str(folder))
+    check_config_keys(drafter, read_json(Path(folder) / CONFIG), str(folder))
     return drafter
 
 
