@@ -14,7 +14,9 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="offline model name, local folder, .gguf file or Hub id "
                         f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (measured: bf16 only where this machine runs it fast) | float32 | "
+                        "bfloat16 | float16 (default: auto)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="run model code from the Hub repo (off by default)")
@@ -52,7 +54,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     reply = generate_reply(target, args.prompt, max_new_tokens=args.max_new_tokens)
     print(reply.text)
     print(f"[{reply.new_tokens} tokens in {reply.seconds:.2f} s, "
-          f"{reply.tokens_per_second:.1f} tokens/s, {args.target}, {args.dtype}]", file=sys.stderr)
+          f"{reply.tokens_per_second:.1f} tokens/s, {args.target}, "
+          f"{target.dtype_choice.dtype}]", file=sys.stderr)
     return 0
 
 
@@ -147,7 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = verbs.add_parser("eval", help="speculative decoding: tau, acceptance, speedup vs baselines")
     _add_target_args(ev)
-    ev.set_defaults(dtype="bfloat16")
     ev.add_argument("--drafter", action="append",
                     help="trained drafter folder (from `draftsmith train` or an export); adds the "
                     "`drafter` method. Several in one run: --drafter LABEL=DIR, repeated, and "

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from draftsmith.config_values import build_dataclass
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
@@ -93,15 +94,9 @@ class DrafterSpec:
 
     def make_config(self, values: dict | None = None):
         """Build the config dataclass from a dict; unknown keys are an error listing valid ones."""
-        values = dict(values or {})
-        valid = {f.name for f in fields(self.config_cls)}
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise DraftsmithError(f"unknown drafter setting(s) {unknown} for kind {self.kind!r}; "
-                                  f"valid: {sorted(valid)}")
         try:
-            return self.config_cls(**values)
-        except (TypeError, ValueError) as err:
+            return build_dataclass(self.config_cls, dict(values or {}), "drafter")
+        except ValueError as err:
             raise DraftsmithError(f"drafter settings for {self.kind!r}: {err}") from err
 
 
@@ -159,14 +154,16 @@ def get_spec(kind: str) -> DrafterSpec:
 def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_layers: int
                     ) -> Features:
     """Features from a batch of cached hidden states (offline mode); the target logits are
-    recomputed with the frozen head. Keys are `hidden_states.{i}` as written by draftsmith.data."""
-    last = batch[f"hidden_states.{num_layers}"]
+    recomputed with the frozen head. Keys are `hidden_states.{i}` as written by draftsmith.data;
+    they are cast to the head's dtype (a bf16 cache feeds a float32 run as float32)."""
+    dtype = next(head.parameters()).dtype
+    last = batch[f"hidden_states.{num_layers}"].to(dtype)
     return Features(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         loss_mask=batch["loss_mask"],
         last_hidden=last,
-        aux_hidden=[batch[f"hidden_states.{i + 1}"] for i in aux_layers],
+        aux_hidden=[batch[f"hidden_states.{i + 1}"].to(dtype) for i in aux_layers],
         head=head,
     )
 

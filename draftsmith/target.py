@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -20,8 +21,10 @@ import torch
 
 from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
+from draftsmith.precision import DtypeChoice, choose_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Target:
     model: torch.nn.Module
     tokenizer: object
     spec: str
+    dtype_choice: DtypeChoice | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -45,14 +49,56 @@ class Target:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """Map a dtype name to torch.
+    """Map an explicit dtype name to torch (`auto` is resolved by `choose_target_dtype`).
 
     Raises:
         DraftsmithError: unknown name (lists the choices).
     """
     if name not in DTYPES:
-        raise DraftsmithError(f"--dtype {name!r} is not supported; choose one of: {', '.join(DTYPES)}")
+        raise DraftsmithError(f"--dtype {name!r} is not supported; choose one of: "
+                              f"{', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
+
+
+_announced: set[tuple[str, str]] = set()
+
+
+def choose_target_dtype(spec: str, dtype: str, device: str = "cpu", *,
+                        trust_remote_code: bool = False) -> DtypeChoice:
+    """Resolve `dtype` (`auto` or explicit) for this target on this device, and say it once.
+
+    `auto` probes the target's own matmul shapes (read from its config, no weights loaded).
+
+    Raises:
+        DraftsmithError: unknown dtype or device, or an unloadable target config.
+    """
+    return _choose_dtype(spec, resolve_source(spec), dtype, device, trust_remote_code)
+
+
+def _choose_dtype(spec: str, source: tuple[str, dict], dtype: str, device: str,
+                  trust_remote_code: bool) -> DtypeChoice:
+    if dtype not in DTYPE_CHOICES:
+        raise DraftsmithError(f"--dtype {dtype!r} is not supported; choose one of: "
+                              f"{', '.join(DTYPE_CHOICES)}")
+    torch_device = resolve_device(device)
+    hidden, inter = 1024, None
+    if dtype in ("auto", "bfloat16") and torch_device.type == "cpu":
+        from transformers import AutoConfig
+
+        name, kwargs = source
+        try:
+            config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code,
+                                                **kwargs)
+        except (OSError, ValueError) as err:
+            raise DraftsmithError(f"could not read the config of target {spec!r}: {err}") from err
+        config = getattr(config, "text_config", None) or config
+        hidden = getattr(config, "hidden_size", hidden)
+        inter = getattr(config, "intermediate_size", None)
+    choice = choose_dtype(dtype, torch_device, hidden, inter)
+    if dtype == "auto" and (spec, choice.dtype) not in _announced:
+        _announced.add((spec, choice.dtype))
+        print(f"dtype: {choice.dtype} ({choice.reason})", file=sys.stderr)
+    return choice
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,6 +146,7 @@ def resolve_source(spec: str) -> tuple[str, dict]:
         DraftsmithError: missing offline model, missing path, or an unreachable Hub id that is
             not in the local Hugging Face cache (the message suggests the offline path).
     """
+    offline_models.verify_local_files(spec)
     if spec in offline_models.CATALOG:
         if not offline_models.is_fetched(spec):
             raise DraftsmithError(
@@ -144,7 +191,7 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
 def load_target(
     spec: str,
     *,
-    dtype: str = "float32",
+    dtype: str = "auto",
     device: str = "cpu",
     trust_remote_code: bool = False,
 ) -> Target:
@@ -152,7 +199,7 @@ def load_target(
 
     Args:
         spec: offline name, `.gguf` path, local folder or Hub id (see the module docstring).
-        dtype: `float32`, `bfloat16` or `float16`.
+        dtype: `auto` (measured: see `draftsmith.precision`), `float32`, `bfloat16` or `float16`.
         device: `cpu`, `cuda`, `cuda:N` or `auto`.
         trust_remote_code: run model code shipped with a Hub repo; off unless asked.
 
@@ -161,9 +208,10 @@ def load_target(
     """
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
     source, kwargs = resolve_source(spec)
+    choice = _choose_dtype(spec, (source, kwargs), dtype, device, trust_remote_code)
+    torch_dtype = resolve_dtype(choice.dtype)
     tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -172,4 +220,4 @@ def load_target(
     except (OSError, ValueError) as err:
         raise DraftsmithError(f"could not load target {spec!r}: {err}") from err
     model.to(torch_device).eval().requires_grad_(False)
-    return Target(model=model, tokenizer=tokenizer, spec=spec)
+    return Target(model=model, tokenizer=tokenizer, spec=spec, dtype_choice=choice)

@@ -2,7 +2,7 @@
 against the bound tau * T(1-token step) / (T(verify) + T(draft)).
 
 Writes benchmarks/overhead.json and prints one line per prompt set. Usage:
-    .venv/bin/python scripts/bench_overhead.py [--target smollm2-135m-instruct] [--dtype bfloat16]
+    .venv/bin/python scripts/bench_overhead.py [--target smollm2-135m-instruct] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from draftsmith.target import load_target
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--limit", type=int, default=3)

@@ -14,7 +14,7 @@ bash scripts/setup.sh
 OUT=runs/quickstart
 .venv/bin/draftsmith train --config recipes/smollm2-135m/quickstart.yaml
 .venv/bin/draftsmith export "$OUT/eagle3/drafter" --format eagle3 --out "$OUT/export" --force
-.venv/bin/draftsmith eval --target smollm2-135m-instruct --dtype bfloat16 \
+.venv/bin/draftsmith eval --target smollm2-135m-instruct \
   --drafter "$OUT/export" --methods plain,drafter_chain,drafter_dynamic,prompt_lookup \
   --num-draft-tokens 3 --tree-topk 3 --tree-total-tokens auto \
   --bench mt_bench,humaneval,gsm8k --limit 2 --max-new-tokens 96 --out "$OUT/eval"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.data.config import read_yaml_mapping
+from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 
 
@@ -65,7 +65,7 @@ class BenchConfig:
     target: str
     data: str
     out_dir: str
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     budget_minutes: float = 8.0
     calibration_steps: int = 6
     train: dict = field(default_factory=dict)
@@ -81,16 +81,7 @@ class BenchConfig:
 
 
 def _section(cls, values, where: str, **extra):
-    if not isinstance(values, dict):
-        raise DraftsmithError(f"{where} must be a mapping, got {values!r}")
-    valid = set(cls.__dataclass_fields__) - set(extra)
-    unknown = sorted(set(values) - valid)
-    if unknown:
-        raise DraftsmithError(f"unknown key(s) {unknown} in {where}; valid: {sorted(valid)}")
-    try:
-        return cls(**values, **extra)
-    except TypeError as err:
-        raise DraftsmithError(f"{where}: {err}") from err
+    return build_dataclass(cls, values, where, **extra)
 
 
 def load_bench_config(path: str | Path) -> BenchConfig:

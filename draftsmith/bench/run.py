@@ -43,7 +43,7 @@ def prepare_data(config: BenchConfig, log=print) -> Path:
 
 def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
     """The kind's recipe with the shared data section and the benchmark's overrides."""
-    from draftsmith.data.config import read_yaml_mapping
+    from draftsmith.config_values import read_yaml_mapping
 
     raw = read_yaml_mapping(entry.recipe, "recipe", "recipes live in recipes/")
     data = read_yaml_mapping(config.data, "data recipe", "see recipes/data/")

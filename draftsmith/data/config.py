@@ -7,7 +7,7 @@ A data recipe file:
     # draftsmith data run --config recipes/data/X.yaml
     target:
       name: smollm2-135m-instruct
-      dtype: bfloat16
+      dtype: auto
     data:
       source: sharegpt
       regenerate: {max_new_tokens: 512}
@@ -20,15 +20,14 @@ Unknown keys are an error that lists the valid ones.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
+from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.data.features import FEATURE_KINDS
 from draftsmith.errors import DraftsmithError
 from draftsmith.offline_models import DEFAULT_TARGET
-from draftsmith.target import DTYPES
+from draftsmith.target import DTYPE_CHOICES
 
 FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -43,25 +42,7 @@ def _positive_int(value) -> bool:
 
 
 def _build(cls, values, prefix: str):
-    """`cls(**values)` with unknown keys reported against `prefix`."""
-    if isinstance(values, cls):
-        return values
-    if not isinstance(values, dict):
-        raise DraftsmithError(f"{prefix} must be a mapping of settings, got {values!r}")
-    valid = [f.name for f in fields(cls)]
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise DraftsmithError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
-                              f"valid keys of {prefix}: {', '.join(valid)}")
-    values = dict(values)
-    for f in fields(cls):
-        # YAML reads `1e-1` as a string; float fields take it as the number it spells
-        if f.type == "float" and isinstance(values.get(f.name), str):
-            try:
-                values[f.name] = float(values[f.name])
-            except ValueError:
-                raise DraftsmithError(f"{prefix}.{f.name} = {values[f.name]!r}: must be a number") from None
-    return cls(**values)
+    return build_dataclass(cls, values, prefix)
 
 
 @dataclass
@@ -180,15 +161,15 @@ class TargetConfig:
     """The frozen target a data recipe runs with (`target:`)."""
 
     name: str = DEFAULT_TARGET  # offline model name, local folder, .gguf file or Hub id
-    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (measured on this machine) | float32 | bfloat16 | float16
     device: str = "cpu"  # cpu | cuda | cuda:N | auto
     trust_remote_code: bool = False  # run model code from the Hub repo
 
     def __post_init__(self):
         _require(isinstance(self.name, str) and bool(self.name), "target.name", self.name,
                  "name an offline model, a folder, a .gguf file or a Hub id")
-        _require(self.dtype in DTYPES, "target.dtype", self.dtype,
-                 f"choose one of: {', '.join(DTYPES)}")
+        _require(self.dtype in DTYPE_CHOICES, "target.dtype", self.dtype,
+                 f"choose one of: {', '.join(DTYPE_CHOICES)}")
         _require(isinstance(self.device, str) and bool(self.device), "target.device",
                  self.device, "use cpu, cuda, cuda:N or auto")
         _require(isinstance(self.trust_remote_code, bool), "target.trust_remote_code",
@@ -203,51 +184,6 @@ class DataRecipe:
     data: DataConfig
 
 
-def read_yaml_mapping(path: str | Path, what: str, fix: str) -> dict:
-    """A YAML file that must hold a mapping (a recipe or config), read with clear errors.
-
-    Args:
-        path: the file.
-        what: what the file is, for messages ("recipe", "benchmark config").
-        fix: where to look when it does not exist (e.g. "see recipes/data/ for examples").
-
-    Raises:
-        DraftsmithError: a missing file, bad YAML, or anything but a mapping at the top.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DraftsmithError(f"{what} {path} does not exist; {fix}")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise DraftsmithError(f"{what} {path} is not valid YAML: {err}") from err
-    if not isinstance(values, dict):
-        raise DraftsmithError(f"{what} {path} must be a mapping of sections, got "
-                              f"{type(values).__name__}")
-    return values
-
-
-def apply_overrides(values: dict, overrides: list[str]) -> dict:
-    """Apply `a.b=value` overrides (values parsed as YAML) to a nested dict, in place.
-
-    Raises:
-        DraftsmithError: an override without `=`.
-    """
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise DraftsmithError(f"override {item!r} must look like key=value, "
-                                  "e.g. data.limit=64 or data.regenerate.max_new_tokens=128")
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[leaf] = yaml.safe_load(raw)
-    return values
-
-
 def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> DataRecipe:
     """Read and validate a data recipe, overrides applied on top of the file.
 
@@ -255,7 +191,7 @@ def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> Da
         DraftsmithError: a missing file, bad YAML, unknown keys or invalid values.
     """
     values = read_yaml_mapping(path, "recipe", "see recipes/data/ for examples")
-    apply_overrides(values, overrides or [])
+    apply_overrides(values, overrides or [], {"target": TargetConfig, "data": DataConfig})
     unknown = sorted(set(values) - {"target", "data"})
     if unknown:
         raise DraftsmithError(f"unknown section(s) {', '.join(unknown)} in {path}; "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import platform
 import subprocess
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.export.importer import load_any_drafter
 from draftsmith.models.loading import merge_lora
 from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.target import load_target
 
 
@@ -52,7 +52,7 @@ class EvalConfig:
         drafter: trained drafter folder for the `drafter*` methods, or None.
         drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
             are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
-        dtype, device: for target and draft model.
+        dtype, device: for target and draft model (`auto`: see draftsmith.precision).
         bench: prompt sets (mt_bench, humaneval, gsm8k).
         limit: items per set.
         max_new_tokens: budget per turn.
@@ -70,7 +70,7 @@ class EvalConfig:
     draft_model: str | None = None
     drafter: str | None = None
     drafters: tuple[tuple[str, str], ...] = ()
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     device: str = "cpu"
     bench: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k")
     limit: int = 5
@@ -107,13 +107,6 @@ def git_commit() -> str | None:
     except OSError:
         return None
     return out.stdout.strip() or None
-
-
-def hardware() -> str:
-    """A short description of where the numbers were measured."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 class MethodRunner:
@@ -268,9 +261,11 @@ def run_eval(config: EvalConfig, log=print) -> dict:
             if method in per_set:
                 per_set[method]["identical_to_plain"] = same / count if count else None
     out_dir = Path(config.out_dir)
+    machine = hardware_record(config.device, target.dtype_choice)
     payload = {
         "config": asdict(config),
-        "hardware": hardware(),
+        "hardware": describe_hardware(machine),
+        "machine": machine,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "torch": torch.__version__,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.few_row_linear import install_few_row_linear
 
 
 @dataclass
@@ -32,9 +33,12 @@ class CausalLMRunner:
     Args:
         model: any transformers causal LM with full attention (Llama, Qwen2, Mistral, ...).
         output_hidden_states: also return every layer's hidden states for the new tokens.
+        few_row_linear: on a float32 CPU model, let its linears take the form measured fastest
+            on this machine for forwards of a few tokens (see `few_row_linear.py`).
     """
 
-    def __init__(self, model: torch.nn.Module, output_hidden_states: bool = False):
+    def __init__(self, model: torch.nn.Module, output_hidden_states: bool = False,
+                 few_row_linear: bool = True):
         from transformers import DynamicCache
 
         self.model = model
@@ -47,6 +51,8 @@ class CausalLMRunner:
         self.output_hidden_states = output_hidden_states
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        if few_row_linear:
+            install_few_row_linear(model)
         params = inspect.signature(self.decoder.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._cache_cls = DynamicCache

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -35,9 +36,19 @@ def make_accelerator(recipe: Recipe):
         if not os.environ.get("WANDB_API_KEY"):
             os.environ.setdefault("WANDB_MODE", "offline")
         log_with = "wandb"
+    mixed_precision = recipe.train.mixed_precision
+    if mixed_precision == "auto":
+        from draftsmith.target import choose_target_dtype
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        choice = choose_target_dtype(recipe.target.name, "auto", device,
+                                     trust_remote_code=recipe.target.trust_remote_code)
+        mixed_precision = choice.mixed_precision
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"mixed precision: {mixed_precision} ({choice.reason})", file=sys.stderr)
     return Accelerator(
         cpu=not torch.cuda.is_available(),
-        mixed_precision=recipe.train.mixed_precision,
+        mixed_precision=mixed_precision,
         gradient_accumulation_steps=recipe.train.grad_accum,
         log_with=log_with,
         project_dir=recipe.train.output_dir,

@@ -7,12 +7,14 @@ recipe is validated before any model is loaded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftsmith.data.config import apply_overrides, read_yaml_mapping
+from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
+from draftsmith.precision import MIXED_PRECISIONS
 from draftsmith.registry import get_spec
+from draftsmith.target import DTYPE_CHOICES
 
 
 @dataclass
@@ -21,13 +23,19 @@ class TargetSection:
 
     Attributes:
         name: offline model name, local folder, .gguf file or Hub id.
-        dtype: dtype the target runs in (bfloat16 on GPUs and for speed; float32 for exactness).
+        dtype: dtype the target runs in: `auto` (bf16 on GPUs and on CPUs where a measured probe
+            shows it faster, else float32), `float32`, `bfloat16` or `float16`.
         trust_remote_code: run model code from the Hub repo (off unless asked).
     """
 
     name: str = "smollm2-135m-instruct"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     trust_remote_code: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in DTYPE_CHOICES:
+            raise DraftsmithError(f"target.dtype={self.dtype!r}: use one of "
+                                  f"{', '.join(DTYPE_CHOICES)}")
 
 
 @dataclass
@@ -43,7 +51,8 @@ class TrainSection:
         warmup_steps: linear warmup before the cosine decay.
         max_length: tokens per sequence (longer ones are truncated).
         clip: gradient norm clip (0 disables).
-        mixed_precision: "no", "bf16" or "fp16" (accelerate autocast).
+        mixed_precision: "auto" (bf16 where the hardware runs it fast, by the same measurement as
+            `target.dtype: auto`), "no", "bf16" or "fp16" (accelerate autocast).
         save_every: optimizer steps between resumable checkpoints (0 = only at the end).
         eval_every: optimizer steps between held-out evaluations (0 = only at the end).
         eval_fraction: share of the data held out for accuracy / simulated acceptance.
@@ -63,7 +72,7 @@ class TrainSection:
     warmup_steps: int = 20
     max_length: int = 512
     clip: float = 0.5
-    mixed_precision: str = "no"
+    mixed_precision: str = "auto"
     save_every: int = 0
     eval_every: int = 0
     eval_fraction: float = 0.05
@@ -80,8 +89,9 @@ class TrainSection:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
-            raise DraftsmithError(f"train.mixed_precision={self.mixed_precision!r}: use no, bf16 or fp16")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise DraftsmithError(f"train.mixed_precision={self.mixed_precision!r}: use one of "
+                                  f"{', '.join(MIXED_PRECISIONS)}")
         if not 0 <= self.eval_fraction < 1:
             raise DraftsmithError(f"train.eval_fraction={self.eval_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
@@ -115,23 +125,6 @@ class Recipe:
 SECTIONS = {"target": TargetSection, "train": TrainSection}
 
 
-def _check_keys(section: str, values: dict, cls) -> dict:
-    """Reject unknown keys; coerce numbers written as strings (YAML reads `1e-4` as a string)."""
-    types = {f.name: f.type for f in fields(cls)}
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise DraftsmithError(f"unknown key(s) {unknown} in recipe section {section!r}; "
-                              f"valid: {sorted(types)}")
-    coerced = dict(values)
-    for key, value in values.items():
-        if types[key] in ("float", float) and isinstance(value, (str, int)):
-            try:
-                coerced[key] = float(value)
-            except ValueError as err:
-                raise DraftsmithError(f"{section}.{key}={value!r} is not a number") from err
-    return coerced
-
-
 def build_recipe(raw: dict) -> Recipe:
     """Validate a raw mapping (from YAML) into a Recipe."""
     raw = dict(raw or {})
@@ -141,14 +134,7 @@ def build_recipe(raw: dict) -> Recipe:
                               "target, train")
     built = {}
     for name, cls in SECTIONS.items():
-        values = raw.get(name) or {}
-        if not isinstance(values, dict):
-            raise DraftsmithError(f"recipe section {name!r} must be a mapping, got {values!r}")
-        values = _check_keys(name, values, cls)
-        try:
-            built[name] = cls(**values)
-        except TypeError as err:
-            raise DraftsmithError(f"recipe section {name!r}: {err}") from err
+        built[name] = build_dataclass(cls, raw.get(name) or {}, name)
     drafter = dict(raw.get("drafter") or {})
     if "kind" not in drafter:
         raise DraftsmithError("recipe section 'drafter' needs a 'kind' (see draftsmith/registry.py)")
@@ -161,4 +147,16 @@ def build_recipe(raw: dict) -> Recipe:
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe file."""
     raw = read_yaml_mapping(path, "recipe", "recipes live in recipes/")
-    return build_recipe(apply_overrides(raw, overrides or []))
+    return build_recipe(apply_overrides(raw, overrides or [], recipe_schema))
+
+
+def recipe_schema(values: dict) -> dict:
+    """Each recipe section's dataclass (the drafter's depends on its kind), for typed overrides."""
+    from draftsmith.data.config import DataConfig
+    from draftsmith.registry import DRAFTERS
+
+    drafter = values.get("drafter")
+    kind = drafter.get("kind") if isinstance(drafter, dict) else None
+    spec = DRAFTERS.get(kind) if isinstance(kind, str) else None
+    return {"target": TargetSection, "train": TrainSection, "data": DataConfig,
+            "drafter": spec.config_cls if spec else None}

@@ -45,13 +45,13 @@ def test_overrides_beat_the_file(tmp_path):
     ("data.regenrate.seed=1", "unknown key.*data.regenrate; valid keys of data: source"),
     ("data.cache.kind=medusa", "unknown key.*data.cache.kind; valid keys of data.cache: kinds"),
     ("model.name=x", "unknown section.*model.*valid sections: target, data"),
-    ("data.regenerate.top_p=0", r"data.regenerate.top_p = 0: must be in \(0, 1\]"),
+    ("data.regenerate.top_p=0", r"data.regenerate.top_p = 0.0: must be in \(0, 1\]"),
     ("data.regenerate.temperature=hot", "data.regenerate.temperature = 'hot': must be a number"),
     ("data.cache.kinds=[hydra]", r"data.cache.kinds = \['hydra'\]: list one or more of: medusa"),
     ("data.cache.dtype=int8", "data.cache.dtype = 'int8': choose one of: bfloat16"),
     ("data.limit=0", "data.limit = 0: must be a positive integer, or null"),
     ("data.max_length=8", "data.max_length = 8: must be an integer >= 16"),
-    ("target.dtype=fp8", "target.dtype = 'fp8': choose one of: float32"),
+    ("target.dtype=fp8", "target.dtype = 'fp8': choose one of: auto, float32"),
     ("data.limit", "must look like key=value"),
 ])
 def test_bad_recipes_name_the_field_and_the_fix(override, message):
