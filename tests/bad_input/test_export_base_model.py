@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from export.export_helpers import make_checkpoint
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.exported import ExportOptions
 from draftsmith.export.exporter import export_drafter
 
-from export_helpers import make_checkpoint
 from tiny_targets import tiny_config
 
 
