@@ -25,6 +25,7 @@ from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
 from draftsmith.data.shards import read_manifest, write_atomic, write_json_atomic
 from draftsmith.data.sources import load_conversations
+from draftsmith.errors import DraftsmithError
 
 
 def _throughput(manifest: dict, tokens_key: str) -> dict:
@@ -47,7 +48,8 @@ def run_data_recipe(
         log: where one-line reports go.
 
     Raises:
-        DraftsmithError: any user-fixable problem (source, target, template, settings).
+        DraftsmithError: any user-fixable problem (source, target, template, settings), and a
+            source or rendering that leaves no conversations (nothing is written then).
     """
     from draftsmith.target import load_target
 
@@ -58,6 +60,10 @@ def run_data_recipe(
     conversations, cleaning = load_conversations(
         data.source, split=data.split, limit=data.limit, max_pairs=data.max_pairs)
     log(f"source {data.source}: {cleaning.summary()}")
+    if not conversations:
+        raise DraftsmithError(
+            f"source {data.source} gave no usable conversations ({cleaning.summary()}); check the "
+            "path and that it holds ShareGPT `conversations` or OpenAI `messages` records")
     summary["cleaning"] = cleaning.to_json()
 
     target = load_target(recipe.target.name, dtype=recipe.target.dtype,
@@ -99,6 +105,10 @@ def run_data_recipe(
     render_stats = RenderStats()
     samples = render_conversations(tokenizer, conversations, template, data.max_length, render_stats)
     log(render_stats.summary())
+    if not samples:
+        raise DraftsmithError(
+            f"every conversation was dropped when rendering ({render_stats.summary()}); nothing "
+            "to write. Check data.max_length and the chat template")
     summary["rendering"] = render_stats.to_json()
     tokenized = out_dir / "tokenized.jsonl"
     lines = "".join(json.dumps({"id": s.conversation_id, "input_ids": s.input_ids,

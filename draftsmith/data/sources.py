@@ -56,11 +56,31 @@ class SalvagedArray:
     lost_chars: int
 
 
+# A decode error this close to the end of the text is the text ending, not a syntax error.
+_TAIL_CHARS = 16
+
+
+def _position(text: str, pos: int) -> str:
+    """`line L column C (char N)` of offset `pos`, all 1-based but N."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    return f"line {text.count(chr(10), 0, pos) + 1} column {pos - line_start + 1} (char {pos:,})"
+
+
+def _is_truncation(text: str, err: json.JSONDecodeError) -> bool:
+    """True when decoding failed because the text ends inside an element (a truncated file)."""
+    # An unterminated string has no closing quote anywhere up to the end of the text.
+    return err.msg.startswith("Unterminated string") or len(text[err.pos:].strip()) <= _TAIL_CHARS
+
+
 def salvage_json_array(text: str) -> SalvagedArray:
     """Decode a JSON array element by element, keeping every whole element of a truncated file.
 
+    Only a file that ends inside an element counts as truncated; a syntax error with more of the
+    file after it is an error, so a damaged file never silently loses the records after the error.
+
     Raises:
-        DraftsmithError: the text does not start with `[`.
+        DraftsmithError: the text does not start with `[`, or a syntax error in the middle of the
+            text (the message names its line, column and character offset).
     """
     decoder = json.JSONDecoder()
     pos = _WHITESPACE.match(text, 0).end()
@@ -77,15 +97,33 @@ def salvage_json_array(text: str) -> SalvagedArray:
             break
         try:
             item, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as err:
+            if not _is_truncation(text, err):
+                raise DraftsmithError(
+                    f"JSON syntax error at {_position(text, err.pos)}: {err.msg} (in element "
+                    f"{len(items) + 1:,}, with {len(text) - err.pos:,} characters after it, so the "
+                    "file is damaged, not truncated); fix the file there") from err
             break
         items.append(item)
         pos = _WHITESPACE.match(text, end).end()
         if text.startswith(",", pos):
             pos += 1
         elif not text.startswith("]", pos):
+            if pos < len(text):
+                raise DraftsmithError(
+                    f"JSON syntax error at {_position(text, pos)}: expected ',' or ']' after "
+                    f"element {len(items):,}; fix the file there")
             break
     return SalvagedArray(items, complete, len(text) - pos if not complete else 0)
+
+
+def _single_object(text: str) -> dict | None:
+    """The one JSON object a whole `.json` file holds, else None (e.g. JSON Lines)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def sharegpt_file() -> Path:
@@ -112,18 +150,32 @@ def read_json_records(path: Path) -> Iterator[dict]:
     """Records of a JSON array file (salvaged when truncated) or of a JSONL file.
 
     Raises:
-        DraftsmithError: a JSONL line is not JSON (names the file and line).
+        DraftsmithError: a JSONL line is not JSON (names the file and line), a syntax error in
+            the middle of a JSON array, or a `.json` file holding one object that is not a record.
     """
     with _open_text(path) as handle:
         head = handle.read(1 << 12).lstrip()
     if head.startswith("["):
         with _open_text(path) as handle:
-            salvaged = salvage_json_array(handle.read())
+            text = handle.read()
+        try:
+            salvaged = salvage_json_array(text)
+        except DraftsmithError as err:
+            raise DraftsmithError(f"{path}: {err}") from err
         if not salvaged.complete:
             print(f"warning: {path} is truncated; salvaged {len(salvaged.items):,} whole records "
                   f"and lost the last {salvaged.lost_chars:,} characters", file=sys.stderr)
         yield from salvaged.items
         return
+    if head.startswith("{") and ".jsonl" not in path.name:
+        with _open_text(path) as handle:
+            record = _single_object(handle.read())
+        if record is not None and not {"conversations", "messages"} & set(record):
+            keys = ", ".join(list(record)[:5])
+            raise DraftsmithError(
+                f"{path} holds one JSON object (keys: {keys}), not a list of conversations; "
+                "pass a JSON array of records or JSON Lines (one record per line), e.g. the list "
+                "stored under one of those keys")
     with _open_text(path) as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
