@@ -13,9 +13,10 @@ Layout of a cache folder:
 Logits are not stored: EAGLE-3's target distribution is `lm_head(hidden_states[N])`, recomputed by
 the frozen head at training time (a V-sized row per token would cost ~V/H times the last state).
 Shards are planned from the input up front, written atomically and recorded in the manifest, so a
-killed build resumes where it stopped. `FeatureCache.open` refuses a cache made by another target
-or tokenizer, and `iter_batches` streams shards (memory-mapped, sample by sample) into padded
-batches: a plain generator, split across ranks by sample.
+killed build resumes where it stopped. `FeatureCache.open` refuses a cache made by another target,
+tokenizer or weights (see `identity.TargetIdentity`), and `iter_batches` streams shards
+(memory-mapped, sample by sample) into padded batches: a plain generator, split across ranks by
+sample.
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ class FeatureCache:
             layers: `hidden_states` indices the caller needs.
 
         Raises:
-            DraftsmithError: no cache there; it was made by another target or tokenizer (both
-                identities named); it lacks some of `layers`.
+            DraftsmithError: no cache there; it was made by another target, tokenizer or weights
+                (both identities named); it lacks some of `layers`.
         """
         folder = Path(folder)
         manifest = read_manifest(folder)
