@@ -301,7 +301,8 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     regenerated = bool((data.get("data") or {}).get("regenerate"))
     lines = [f"## {cfg['target']}", "",
              f"Measured on {any_eval.get('hardware', '?')}, {any_eval.get('date', '?')}, commit "
-             f"`{any_eval.get('commit', '?')}`, torch {any_eval.get('torch', '?')}; {cfg['dtype']}, "
+             f"`{any_eval.get('commit', '?')}`, torch {any_eval.get('torch', '?')}; "
+             f"{(any_eval.get('machine') or {}).get('dtype') or cfg['dtype']}, "
              f"batch 1. Config: `{cfg['path']}`. Raw results: `{folder}/`.", "",
              "**Data** (shared by every drafter): "
              f"{_fmt(rendering.get('rendered'), ',')} conversations, "

@@ -43,7 +43,14 @@ from draftsmith.data.features import (
 )
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
-from draftsmith.data.shards import done_shards, open_run, read_manifest, record_shard, write_atomic
+from draftsmith.data.shards import (
+    budget_spent,
+    done_shards,
+    open_run,
+    read_manifest,
+    record_shard,
+    write_atomic,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.target import DTYPES
 
@@ -61,10 +68,11 @@ class CacheReport:
     tokens: int = 0
     seconds: float = 0.0
     bytes_written: int = 0
+    budget_reached: bool = False  # `max_minutes` closed the cache before its last shard
 
     @property
     def complete(self) -> bool:
-        return self.shards_written + self.shards_skipped == self.shards_total
+        return self.budget_reached or self.shards_written + self.shards_skipped == self.shards_total
 
     @property
     def tokens_per_second(self) -> float:
@@ -127,7 +135,7 @@ def build_feature_cache(
     model, tokenizer, samples: Sequence[RenderedSample], out_dir: str | Path, *,
     kinds: Sequence[str], dtype: str = "bfloat16", batch_size: int = 32,
     batch_tokens: int = 8192, shard_tokens: int = 32768, chat_template_sha256: str | None = None,
-    stop_after_shards: int | None = None, progress: bool = True,
+    stop_after_shards: int | None = None, progress: bool = True, max_minutes: float | None = None,
 ) -> CacheReport:
     """Run the frozen target over rendered samples and store the hidden states `kinds` need.
 
@@ -142,6 +150,8 @@ def build_feature_cache(
         chat_template_sha256: recorded for reference (the template that rendered the samples).
         stop_after_shards: write at most this many new shards, then return.
         progress: show a tqdm bar.
+        max_minutes: start no new shard once the finished ones took this long (summed over
+            runs); the cache then holds a prefix of the samples and counts as complete.
 
     Raises:
         DraftsmithError: `out_dir` holds a cache with other settings, or no samples were given.
@@ -169,12 +179,15 @@ def build_feature_cache(
     done = done_shards(manifest)
     report = CacheReport(out_dir, len(plan), shards_skipped=len(done & set(range(len(plan)))))
     bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc="hidden states", unit="tok",
-               disable=not progress)
+               disable=not progress, smoothing=0.1)
     bar.update(sum(s["tokens"] for s in manifest["shards"]))
     for index, (start, end) in enumerate(plan):
         if index in done:
             continue
         if stop_after_shards is not None and report.shards_written >= stop_after_shards:
+            break
+        if budget_spent(manifest, max_minutes):
+            report.budget_reached = True
             break
         began = time.perf_counter()
         tensors = extract_shard(model, samples[start:end], layers, DTYPES[dtype], batch_size,

@@ -57,11 +57,16 @@ class RegenerateConfig:
     batch_tokens: int = 16384  # and at most rows * (longest prompt + max_new_tokens) tokens
     shard_size: int = 256  # conversations per JSONL shard (the unit of resume)
     limit: int | None = None  # answer only the first N conversations again; the rest keep theirs
+    # wall-clock budget: no new shard starts once finished shards took this long (summed over
+    # runs, so a resumed run stops at the same shard); the rest keep their responses as written
+    max_minutes: float | None = None
 
     def __post_init__(self):
         p = "data.regenerate"
         _require(self.limit is None or _positive_int(self.limit), f"{p}.limit", self.limit,
                  "must be a positive integer, or null to answer every conversation again")
+        _require(self.max_minutes is None or self.max_minutes > 0, f"{p}.max_minutes",
+                 self.max_minutes, "must be > 0 minutes, or null for no time limit")
         _require(_positive_int(self.max_new_tokens), f"{p}.max_new_tokens", self.max_new_tokens,
                  "must be a positive integer (e.g. 512)")
         _require(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
@@ -86,6 +91,9 @@ class CacheConfig:
     batch_size: int = 32  # at most this many sequences per target forward
     batch_tokens: int = 8192  # and at most rows * longest sequence tokens
     shard_tokens: int = 32768  # tokens per safetensors shard (whole sequences; may exceed it)
+    # wall-clock budget: no new shard starts once finished shards took this long (summed over
+    # runs); the cache then holds the first conversations only and training reads those
+    max_minutes: float | None = None
 
     def __post_init__(self):
         p = "data.cache"
@@ -101,6 +109,8 @@ class CacheConfig:
                  "must be a positive integer (e.g. 32)")
         _require(_positive_int(self.batch_tokens), f"{p}.batch_tokens", self.batch_tokens,
                  "must be a positive integer (e.g. 8192)")
+        _require(self.max_minutes is None or self.max_minutes > 0, f"{p}.max_minutes",
+                 self.max_minutes, "must be > 0 minutes, or null for no time limit")
         _require(_positive_int(self.shard_tokens), f"{p}.shard_tokens", self.shard_tokens,
                  "must be a positive integer (e.g. 32768)")
 

@@ -77,12 +77,13 @@ def run_data_recipe(
     if data.regenerate is not None:
         folder = out_dir / "regenerated"
         limit = data.regenerate.limit
-        kept = [] if limit is None else conversations[limit:]
         report = regenerate(
             model, tokenizer, conversations[:limit], folder, template=template, settings=data.regenerate,
             max_length=data.max_length, eos_ids=target.eos_token_ids, identity=identity,
             stop_after_shards=stop_after_shards, progress=progress)
         manifest = read_manifest(folder)
+        covered = sum(s["count"] for s in manifest["shards"])
+        kept = conversations[covered:] if report.complete else []
         summary["regeneration"] = {
             "folder": str(folder), "complete": report.complete,
             "shards": f"{report.shards_written + report.shards_skipped}/{report.shards_total}",
@@ -91,6 +92,7 @@ def run_data_recipe(
             "stops": dict(sum((Counter(s["stops"]) for s in manifest["shards"]), Counter())),
             "dropped": dict(sum((Counter(s["dropped"]) for s in manifest["shards"]), Counter())),
             "kept_as_written": len(kept),
+            "budget_reached": report.budget_reached,
         }
         log(f"regenerated {summary['regeneration']['conversations']:,} conversations into "
             f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)")
@@ -99,8 +101,9 @@ def run_data_recipe(
             return _finish(out_dir, summary, log)
         conversations = load_conversations(str(folder))[0] + kept
         if kept:
-            log(f"{len(kept):,} more conversations keep their responses as written "
-                "(data.regenerate.limit)")
+            why = ("data.regenerate.max_minutes reached" if report.budget_reached
+                   else "data.regenerate.limit")
+            log(f"{len(kept):,} more conversations keep their responses as written ({why})")
 
     render_stats = RenderStats()
     samples = render_conversations(tokenizer, conversations, template, data.max_length, render_stats)
@@ -123,17 +126,21 @@ def run_data_recipe(
             batch_size=data.cache.batch_size, batch_tokens=data.cache.batch_tokens,
             shard_tokens=data.cache.shard_tokens,
             chat_template_sha256=text_sha256(template), stop_after_shards=stop_after_shards,
-            progress=progress)
+            progress=progress, max_minutes=data.cache.max_minutes)
         cache = FeatureCache.open(folder, expect=identity)
         summary["cache"] = {
             "folder": str(folder), "complete": report.complete, "layers": list(cache.layers),
             "samples": cache.num_samples, "bytes_per_token": round(cache.bytes_per_token, 1),
             "bytes_per_token_layout": cache.manifest["bytes_per_token_layout"],
             "extraction": _throughput(cache.manifest, "tokens"),
+            "budget_reached": report.budget_reached,
         }
         log(f"cached hidden states {list(cache.layers)} of {cache.num_samples:,} conversations "
             f"({cache.num_tokens:,} tokens) in {folder}: {cache.bytes_per_token:,.0f} bytes/token, "
             f"{summary['cache']['extraction']['tokens_per_second']} tokens/s")
+        if report.budget_reached:
+            log(f"data.cache.max_minutes={data.cache.max_minutes:g} reached: the cache holds the "
+                f"first {cache.num_samples:,} of {len(samples):,} conversations")
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)

@@ -31,7 +31,7 @@ from draftsmith.data.config import RegenerateConfig
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.render import prompt_ids
-from draftsmith.data.shards import done_shards, open_run, record_shard, write_atomic
+from draftsmith.data.shards import budget_spent, done_shards, open_run, record_shard, write_atomic
 from draftsmith.errors import DraftsmithError
 
 
@@ -55,10 +55,11 @@ class RegenerationReport:
     new_tokens: int = 0
     seconds: float = 0.0
     dropped: Counter = field(default_factory=Counter)
+    budget_reached: bool = False  # `max_minutes` closed the run before its last shard
 
     @property
     def complete(self) -> bool:
-        return self.shards_written + self.shards_skipped == self.shards_total
+        return self.budget_reached or self.shards_written + self.shards_skipped == self.shards_total
 
     @property
     def tokens_per_second(self) -> float:
@@ -214,12 +215,16 @@ def regenerate(
     done = done_shards(manifest)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
-    bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress)
+    bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress,
+               smoothing=0.1)
     bar.update(sum(s["count"] for s in manifest["shards"]))
     for index in range(num_shards):
         if index in done:
             continue
         if stop_after_shards is not None and report.shards_written >= stop_after_shards:
+            break
+        if budget_spent(manifest, settings.max_minutes):
+            report.budget_reached = True
             break
         first = index * size
         chunk = conversations[first: first + size]

@@ -91,3 +91,9 @@ def record_shard(folder: Path, manifest: dict, entry: dict) -> None:
         key=lambda s: s["index"],
     )
     write_json_atomic(Path(folder) / MANIFEST, manifest)
+
+
+def budget_spent(manifest: dict, max_minutes: float | None) -> bool:
+    """True when the finished shards of a run took `max_minutes` or more in all (None: never)."""
+    spent = sum(s["seconds"] for s in manifest["shards"])
+    return max_minutes is not None and spent >= max_minutes * 60

@@ -94,7 +94,7 @@ def _eval_section(payload: dict | None) -> list[str]:
         "",
         f"Measured by `draftsmith eval` on {payload.get('hardware', 'unknown hardware')}, "
         f"{payload.get('date', 'unknown date')}, commit `{payload.get('commit', '?')}`: "
-        f"dtype {config.get('dtype', '?')}, temperature {sampling.get('temperature', '?')}, "
+        f"dtype {(payload.get('machine') or {}).get('dtype') or config.get('dtype', '?')}, temperature {sampling.get('temperature', '?')}, "
         f"{config.get('limit', '?')} prompt(s) per set, {config.get('max_new_tokens', '?')} new "
         "tokens. tau = tokens per target forward including the bonus token; speedup = tokens/s "
         "against plain decoding in the same run. Copied from eval.json.",

@@ -27,8 +27,9 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
-def save_state(accelerator, out_dir: Path, step: int) -> Path:
-    """Model, optimizer, scheduler and RNG states plus the step (the data position)."""
+def save_state(accelerator, out_dir: Path, step: int, total_steps: int, planned: bool) -> Path:
+    """Model, optimizer, scheduler and RNG states plus the step (the data position) and the run's
+    total steps (fixed by `train.max_minutes`, so a resumed run keeps its schedule)."""
     final = _state_dir(out_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".partial")
     if accelerator.is_main_process:
@@ -36,7 +37,8 @@ def save_state(accelerator, out_dir: Path, step: int) -> Path:
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
-        (tmp / "progress.json").write_text(json.dumps({"step": step}) + "\n")
+        (tmp / "progress.json").write_text(json.dumps(
+            {"step": step, "total_steps": total_steps, "planned": planned}) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.replace(final)
     accelerator.wait_for_everyone()

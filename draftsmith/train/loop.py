@@ -8,7 +8,6 @@ and the drafter's own loss. The loop never branches on the drafter kind.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -18,8 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.precision import choose_mixed_precision
 from draftsmith.registry import cached_features, get_spec, target_features
 from draftsmith.train.batching import collate, epoch_order, split_examples
+from draftsmith.train.budget import CALIBRATION_STEPS, StepSchedule, steps_for_budget
 from draftsmith.train.checkpoint import latest_checkpoint, save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
@@ -36,16 +37,10 @@ def make_accelerator(recipe: Recipe):
         if not os.environ.get("WANDB_API_KEY"):
             os.environ.setdefault("WANDB_MODE", "offline")
         log_with = "wandb"
-    mixed_precision = recipe.train.mixed_precision
-    if mixed_precision == "auto":
-        from draftsmith.target import choose_target_dtype
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        choice = choose_target_dtype(recipe.target.name, "auto", device,
-                                     trust_remote_code=recipe.target.trust_remote_code)
-        mixed_precision = choice.mixed_precision
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"mixed precision: {mixed_precision} ({choice.reason})", file=sys.stderr)
+    mixed_precision, reason = choose_mixed_precision(
+        recipe.train.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
+    if recipe.train.mixed_precision == "auto" and int(os.environ.get("RANK", "0")) == 0:
+        print(f"mixed precision: {mixed_precision} ({reason})", file=sys.stderr)
     return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=mixed_precision,
@@ -85,16 +80,6 @@ class LossModule(torch.nn.Module):
             features = target_features(target, batch["input_ids"], batch["attention_mask"],
                                        batch["loss_mask"], self.aux_layers)
         return self.spec.loss(self.drafter, features)
-
-
-def cosine_with_warmup(optimizer, warmup: int, total: int):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(warmup, 1)
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 @torch.no_grad()
@@ -168,7 +153,8 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         groups.append({"params": [p for p in target.parameters() if p.requires_grad],
                        "lr": cfg.lr / 4})
     optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)
     # The schedule counts optimizer steps. A prepared scheduler would step once per process
     # (accelerate's sample-based convention), so it is stepped here and checkpointed explicitly.
@@ -180,17 +166,21 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     resume = latest_checkpoint(out_dir)
     if resume is not None:
         accelerator.load_state(str(resume))
-        step = json.loads((resume / "progress.json").read_text())["step"]
-        accelerator.print(f"resuming from {resume} at step {step}")
+        progress_state = json.loads((resume / "progress.json").read_text())
+        step = progress_state["step"]
+        schedule.total = progress_state.get("total_steps", cfg.max_steps)
+        accelerator.print(f"resuming from {resume} at step {step} of {schedule.total}")
+    planned = cfg.max_minutes is None or (resume is not None and progress_state.get("planned"))
 
     if cfg.wandb:
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
     micro_done = step * cfg.grad_accum
-    progress = _progress_bar(accelerator, cfg.max_steps, step)
+    progress = _progress_bar(accelerator, schedule.total, step)
     start = time.perf_counter()
-    while step < cfg.max_steps:
+    first_step_done = None
+    while step < schedule.total:
         epoch = micro_done // micro_per_epoch
         order = epoch_order(len(train_set), cfg.seed, epoch)
         loader = accelerator.prepare(DataLoader(
@@ -221,11 +211,19 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
             log.write(row)
             progress.update(1)
             progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+            if first_step_done is None:
+                first_step_done = (step, row["seconds"])
+            elif not planned and step - first_step_done[0] >= CALIBRATION_STEPS - 1:
+                schedule.total = _plan_steps(accelerator, cfg, step, row["seconds"],
+                                             first_step_done, log)
+                planned = True
+                progress.total = schedule.total
+                progress.refresh()
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
                 log.write({"step": step, **evaluate(model, eval_loader, accelerator)})
-            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
-                save_state(accelerator, out_dir, step)
-            if step >= cfg.max_steps:
+            if cfg.save_every and step % cfg.save_every == 0 and step < schedule.total:
+                save_state(accelerator, out_dir, step, schedule.total, bool(planned))
+            if step >= schedule.total:
                 break
     progress.close()
     final_eval = evaluate(model, eval_loader, accelerator)
@@ -235,6 +233,22 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                         out_dir, lora_target=unwrapped.target if joint else None)
     accelerator.end_training()
     return path
+
+
+def _plan_steps(accelerator, cfg, step: int, elapsed: float, first: tuple[int, float], log) -> int:
+    """Fix the run's total steps from the measured seconds per step (same total on every rank)."""
+    from accelerate.utils import broadcast
+
+    seconds_per_step = (elapsed - first[1]) / (step - first[0])
+    total = steps_for_budget(seconds_per_step, cfg.max_minutes * 60, elapsed, step, cfg.max_steps)
+    total = int(broadcast(torch.tensor([total], device=accelerator.device), from_process=0)[0])
+    log.write({"step": step, "seconds_per_step": seconds_per_step, "planned_steps": total})
+    accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {seconds_per_step:.2f} s/step "
+                      f"measured here, so {total} steps in all (train.max_steps={cfg.max_steps})")
+    if total <= cfg.warmup_steps:
+        accelerator.print(f"warning: {total} steps do not finish the {cfg.warmup_steps}-step "
+                          "warmup; lower train.warmup_steps or raise train.max_minutes")
+    return total
 
 
 def install_draft_vocab(drafter, vocab, accelerator) -> None:

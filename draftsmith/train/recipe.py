@@ -47,7 +47,10 @@ class TrainSection:
         weight_decay: AdamW weight decay.
         batch_size: sequences per process per micro-step.
         grad_accum: micro-steps per optimizer step.
-        max_steps: optimizer steps in total.
+        max_steps: optimizer steps in total (with `max_minutes`, the most it may take).
+        max_minutes: wall-clock budget of the training loop: after the first few steps it measures
+            seconds per step on this machine and sets the run's total steps (and so the LR
+            schedule) to fit, at most max_steps; a resumed run keeps that total. None = steps only.
         warmup_steps: linear warmup before the cosine decay.
         max_length: tokens per sequence (longer ones are truncated).
         clip: gradient norm clip (0 disables).
@@ -69,6 +72,7 @@ class TrainSection:
     batch_size: int = 4
     grad_accum: int = 1
     max_steps: int = 200
+    max_minutes: float | None = None
     warmup_steps: int = 20
     max_length: int = 512
     clip: float = 0.5
@@ -92,6 +96,11 @@ class TrainSection:
         if self.mixed_precision not in MIXED_PRECISIONS:
             raise DraftsmithError(f"train.mixed_precision={self.mixed_precision!r}: use one of "
                                   f"{', '.join(MIXED_PRECISIONS)}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise DraftsmithError(f"train.max_minutes={self.max_minutes} must be > 0 (or null)")
+        for name in ("save_every", "eval_every", "warmup_steps", "seed"):
+            if getattr(self, name) < 0:
+                raise DraftsmithError(f"train.{name}={getattr(self, name)} must be >= 0")
         if not 0 <= self.eval_fraction < 1:
             raise DraftsmithError(f"train.eval_fraction={self.eval_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:

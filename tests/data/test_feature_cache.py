@@ -148,3 +148,18 @@ def test_ranks_and_shuffle_split_the_samples(setup, tmp_path):
     shuffled = ids(shuffle=True, seed=3)
     assert sorted(shuffled) == sorted(everything) and shuffled != everything
     assert shuffled == ids(shuffle=True, seed=3)
+
+
+def test_time_budget_closes_the_cache_at_the_same_shard_on_every_run(setup, tmp_path, monkeypatch):
+    """data.cache.max_minutes: no new shard once the finished ones took the budget (faked clock:
+    each shard takes 60 s, the budget is 1.5 minutes, so two shards), and a rerun adds none."""
+    import draftsmith.data.cache as cache_module
+
+    clock = iter(range(0, 100_000, 60))  # each reading 60 s later: a shard takes >= 60 s
+    monkeypatch.setattr(cache_module.time, "perf_counter", lambda: next(clock))
+    report = build(setup, tmp_path, max_minutes=1.5)
+    assert report.budget_reached and report.complete and report.shards_written == 2
+    cache = FeatureCache.open(tmp_path)
+    assert 0 < cache.num_samples < len(setup[2]) and not cache.complete
+    again = build(setup, tmp_path, max_minutes=1.5)
+    assert again.budget_reached and again.shards_written == 0

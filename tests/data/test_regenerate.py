@@ -95,3 +95,16 @@ def test_resume_with_other_settings_is_refused(target, tmp_path):
     run(target, tmp_path, RegenerateConfig(max_new_tokens=4, shard_size=4), stop_after_shards=1)
     with pytest.raises(DraftsmithError, match=r"other settings.*generation"):
         run(target, tmp_path, RegenerateConfig(max_new_tokens=8, shard_size=4))
+
+
+def test_time_budget_stops_at_the_same_shard_and_keeps_the_rest(target, tmp_path, monkeypatch):
+    """data.regenerate.max_minutes: shards stop once the finished ones took the budget (faked
+    clock, 60 s a shard, 1.5 minutes: two shards of 4); a rerun writes nothing more."""
+    import draftsmith.data.regenerate as regenerate_module
+
+    clock = iter(range(0, 100_000, 60))  # each reading 60 s later: a shard takes >= 60 s
+    monkeypatch.setattr(regenerate_module.time, "perf_counter", lambda: next(clock))
+    settings = RegenerateConfig(max_new_tokens=4, batch_size=4, shard_size=4, max_minutes=1.5)
+    report = run(target, tmp_path, settings)
+    assert report.budget_reached and report.complete and report.shards_written == 2
+    assert run(target, tmp_path, settings).shards_written == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from eval.test_decode import NEW, _prompt, _reference, proposer_factories
 
 from draftsmith.eval import few_row_linear
 from draftsmith.eval.decode import generate
@@ -16,7 +17,6 @@ from draftsmith.eval.few_row_linear import (
 )
 from draftsmith.eval.runner import CausalLMRunner
 
-from eval.test_decode import NEW, _prompt, _reference, proposer_factories
 from tiny_targets import tiny_target
 
 

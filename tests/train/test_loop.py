@@ -115,3 +115,36 @@ def test_medusa2_trains_lora_adapters_and_heads_but_not_the_base(tmp_path):
     assert meta["lora"] is True
     rows = [json.loads(r) for r in (tmp_path / "m2" / "metrics.jsonl").read_text().splitlines()]
     assert "distill_kl" in rows[0]
+
+
+def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypatch):
+    """A slower machine (faked clock: 2 s per step instead of 0.5) gets fewer steps, and the
+    schedule and the saved total follow the plan."""
+    import draftsmith.train.loop as loop
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
+
+    def run(seconds_per_step, folder):
+        reset_accelerate()
+        clock = iter(range(10_000))  # the loop reads the clock once per step
+        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * seconds_per_step)
+        recipe = recipe_for("eagle1", folder, max_steps=40, max_minutes=0.2, save_every=5)
+        run_training(recipe, examples(), target=tiny_target("llama"))
+        rows = [json.loads(line) for line in (folder / "eagle1" / "metrics.jsonl").open()]
+        planned = next(r["planned_steps"] for r in rows if "planned_steps" in r)
+        return planned, max(r["step"] for r in rows)
+
+    fast = run(0.5, tmp_path / "fast")
+    slow = run(2.0, tmp_path / "slow")
+    assert fast[0] == fast[1] and slow[0] == slow[1]
+    assert slow[0] < fast[0] <= 40
+    assert 5 <= slow[0] <= 7 and 20 <= fast[0] <= 25  # 12 s at 2 or 0.5 s/step
+
+
+def test_steps_for_budget_arithmetic():
+    from draftsmith.train.budget import steps_for_budget
+
+    assert steps_for_budget(2.0, 60, 8, 4, 100) == 30
+    assert steps_for_budget(2.0, 60, 8, 4, 20) == 20  # the ceiling wins
+    assert steps_for_budget(10.0, 30, 40, 4, 100) == 5  # over budget: one more step, then stop
