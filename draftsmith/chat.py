@@ -24,17 +24,24 @@ class Reply:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-def render_chat(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` in the tokenizer's chat template, ready for the assistant's turn.
+def render_chat(tokenizer, messages: list[dict], template: str | None = None) -> list[int]:
+    """Token ids of `messages` in a chat template, ready for the assistant's turn.
+
+    Args:
+        tokenizer: the target's tokenizer.
+        messages: the conversation so far.
+        template: a Jinja chat template (e.g. the one a drafter was trained with); None = the
+            tokenizer's own.
 
     Raises:
-        DraftsmithError: the tokenizer has no chat template.
+        DraftsmithError: no template given and the tokenizer has none.
     """
-    if not getattr(tokenizer, "chat_template", None):
+    if template is None and not getattr(tokenizer, "chat_template", None):
         raise DraftsmithError(
             "the target's tokenizer has no chat template; use an instruct/chat model"
         )
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         chat_template=template)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

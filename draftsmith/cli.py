@@ -59,12 +59,50 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_machine(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from draftsmith.eval.verify_cost import format_curve, measure_machine, plot_curve
+    from draftsmith.files import write_json
+    from draftsmith.target import load_target
+
+    target = load_target(args.target, dtype=args.dtype, device=args.device,
+                         trust_remote_code=args.trust_remote_code)
+    payload = measure_machine(target, args.device, context_len=args.context)
+    out = Path(args.out)
+    write_json(out / "verify_cost.json", payload, indent=1)
+    plot = plot_curve(payload, out / "verify_cost.png")
+    print(f"{payload['hardware']}; {target.dtype_choice.reason}")
+    print(f"few-row linear limits by weight shape: {payload['few_row_limits']}")
+    print(format_curve(payload))
+    print(f"results: {out / 'verify_cost.json'}; plot: {plot}")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from draftsmith.train.run import train_from_recipe
 
     path = train_from_recipe(args.config, args.overrides)
     print(path)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _tree_budget(text: str) -> str:
+    """argparse type of --tree-total-tokens: `auto` or an integer >= 1."""
+    if text != "auto":
+        _positive_int(text)
+    return text
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -82,7 +120,8 @@ def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str],
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from draftsmith.eval.evaluate import EvalConfig, run_eval
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.evaluate import run_eval
     from draftsmith.eval.methods import ProposerSettings
     from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
     from draftsmith.eval.sampling import SamplingConfig
@@ -133,8 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     generate = verbs.add_parser("generate", help="plain greedy chat generation with a target")
     _add_target_args(generate)
     generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
-    generate.add_argument("--max-new-tokens", type=int, default=64)
+    generate.add_argument("--max-new-tokens", type=_positive_int, default=64)
     generate.set_defaults(func=cmd_generate)
+
+    machine = verbs.add_parser("machine", help="what this machine makes of a target: dtype chosen "
+                               "and why, and the verify-cost curve (forward time of n tokens)")
+    _add_target_args(machine)
+    machine.add_argument("--context", type=int, default=200, help="cached tokens before the forward")
+    machine.add_argument("--out", default="benchmarks/machine",
+                         help="folder for verify_cost.json and verify_cost.png")
+    machine.set_defaults(func=cmd_machine)
 
     from draftsmith.bench.cli import add_bench_parser
     from draftsmith.data.cli import add_data_parser
@@ -163,17 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add prompt lookup, HF generate / prompt lookup, and with --draft-model "
                     "the classic draft model and HF assisted generation")
     ev.add_argument("--bench", default="mt_bench,humaneval,gsm8k", help="comma list of prompt sets")
-    ev.add_argument("--limit", type=int, default=5, help="items per prompt set")
-    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--limit", type=_positive_int, default=5, help="items per prompt set")
+    ev.add_argument("--max-new-tokens", type=_positive_int, default=128)
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--num-draft-tokens", type=int, default=4, help="draft model chain length")
-    ev.add_argument("--lookup-tokens", type=int, default=8, help="prompt lookup chain length")
-    ev.add_argument("--lookup-max-ngram", type=int, default=3)
-    ev.add_argument("--tree-topk", type=int, default=4)
-    ev.add_argument("--tree-depth", type=int, default=6)
-    ev.add_argument("--tree-total-tokens", default="16",
+    ev.add_argument("--num-draft-tokens", type=_positive_int, default=4,
+                    help="chain length of the draft model and trained-drafter chains")
+    ev.add_argument("--lookup-tokens", type=_positive_int, default=8,
+                    help="prompt lookup chain length")
+    ev.add_argument("--lookup-max-ngram", type=_positive_int, default=3)
+    ev.add_argument("--tree-topk", type=_positive_int, default=4)
+    ev.add_argument("--tree-depth", type=_positive_int, default=6)
+    ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",
                     help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
                     "machine and the drafter's confidences and pick, per dynamic-tree method, the "
                     "depth and size with the best expected tokens/s")

@@ -13,8 +13,8 @@ Every choice comes with its reason, printed once and recorded next to every meas
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import platform
 import sys
 import time
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_json
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
@@ -139,13 +140,8 @@ def measure_bf16_slowdown(hidden_size: int, intermediate_size: int, rows: int = 
     bf16 = _time_matmul(torch.bfloat16, rows, hidden_size, intermediate_size, budget_s)
     ratio = bf16 / max(fp32, 1e-9)
     cached[key] = ratio
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the probe again next time
+    with contextlib.suppress(OSError):  # a read-only cache only costs the probe again next time
+        write_json(path, cached, indent=1)
     return ratio
 
 

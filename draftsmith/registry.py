@@ -1,5 +1,8 @@
-"""The one place that names every drafter kind: how to build it, what target features it reads,
-and its loss. The training loop and the tests loop over `DRAFTERS`; they never branch on a kind.
+"""The one place that names every drafter kind: how to build and train it, which target hidden
+states it reads, how it decodes, which of its tensors are frozen copies of the target's, and its
+display name. Data, training, evaluation, export and the benchmark ask this table; none of them
+keeps a kind table or branches on a kind name, so a new kind is one model module, one entry here
+and its export format. The registry imports only `models/`.
 
 EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
 """
@@ -77,20 +80,52 @@ class DrafterSpec:
 
     Attributes:
         kind: registry name.
+        title: display name (model cards, reports): "EAGLE-3".
         description: one line for `--help` and errors.
         config_cls: its config dataclass (built from the recipe's `drafter:` section).
         build: (target config, config) -> module.
         aux_layers: (num target layers, config) -> 0-based layer outputs it needs besides the
             last hidden state.
         loss: (module, Features) -> (loss, metrics with `acc_{k}` per draft position).
+        proposer: the decoding family eval builds its proposer from: `feature` (autoregressive
+            on features: EAGLE), `heads` (parallel heads: Medusa) or `modules` (chained MTP).
+        tree_shapes: the tree shapes it decodes with (`chain`, `static`, `dynamic`), default first.
+        frozen_prefixes: parameter-name prefixes that are frozen copies of the target's tensors
+            (not trained, may be left out of a saved drafter and taken from the target).
+        uses_draft_vocab: its head covers a reduced draft vocabulary (EAGLE-3's d2t / t2d).
+        trains_target: (config) -> whether the target trains with it through LoRA (Medusa-2).
+        custom_aux_layers: (config) -> the layer outputs its recipe chose instead of the default
+            (EAGLE-3 `layer_ids`), or None; the hidden-state cache stores them too.
     """
 
     kind: str
+    title: str
     description: str
     config_cls: type
     build: Callable[[object, object], nn.Module]
     aux_layers: Callable[[int, object], list[int]]
     loss: Callable[[nn.Module, Features], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    proposer: str
+    tree_shapes: tuple[str, ...]
+    frozen_prefixes: tuple[str, ...] = ()
+    uses_draft_vocab: bool = False
+    trains_target: Callable[[object], bool] = lambda config: False
+    custom_aux_layers: Callable[[object], list[int] | None] = lambda config: None
+
+    @property
+    def default_tree(self) -> str:
+        return self.tree_shapes[0]
+
+    def hidden_indices(self, num_layers: int, config=None) -> tuple[int, ...]:
+        """`hidden_states` indices it reads (see data/features.py), the last hidden state last.
+
+        Args:
+            num_layers: the target's decoder layer count N.
+            config: its config (custom `layer_ids`); None = the kind's defaults.
+        """
+        config = config if config is not None else self.make_config()
+        return (*sorted({i + 1 for i in self.aux_layers(num_layers, config)} - {num_layers}),
+                num_layers)
 
     def make_config(self, values: dict | None = None):
         """Build the config dataclass from a dict; unknown keys are an error listing valid ones."""
@@ -105,39 +140,57 @@ DRAFTERS: dict[str, DrafterSpec] = {
     for spec in (
         DrafterSpec(
             kind="medusa",
+            title="Medusa",
             description="Medusa heads on the last hidden state (Medusa-1; lora: true = Medusa-2)",
             config_cls=MedusaConfig,
             build=MedusaHeads,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: medusa_loss(m, f.input_ids, f.loss_mask, f.last_hidden,
                                           f.logits_after),
+            proposer="heads",
+            tree_shapes=("static", "chain"),
+            trains_target=lambda cfg: bool(cfg.lora),
         ),
         DrafterSpec(
             kind="eagle1",
+            title="EAGLE-1/2",
             description="EAGLE-1 feature drafter (decode with a dynamic tree for EAGLE-2)",
             config_cls=Eagle1Config,
             build=Eagle1Drafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: eagle1_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
                                           f.last_hidden, f.logits_after),
+            proposer="feature",
+            tree_shapes=("static", "chain", "dynamic"),
+            frozen_prefixes=("embed_tokens.", "lm_head."),
         ),
         DrafterSpec(
             kind="eagle3",
+            title="EAGLE-3",
             description="EAGLE-3: fused low/mid/high features, training-time test, draft vocab",
             config_cls=Eagle3Config,
             build=Eagle3Drafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
                                           f.aux_hidden, f.logits_after),
+            proposer="feature",
+            tree_shapes=("dynamic", "chain", "static"),
+            frozen_prefixes=("embed_tokens.",),
+            uses_draft_vocab=True,
+            custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
         ),
         DrafterSpec(
             kind="mtp",
+            title="MTP",
             description="DeepSeek-V3-style multi-token prediction modules (chain drafts)",
             config_cls=MTPConfig,
             build=MTPDrafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: mtp_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
                                        f.last_hidden, f.logits_after),
+            proposer="modules",
+            tree_shapes=("chain",),
+            frozen_prefixes=("embed_tokens.", "lm_head."),
         ),
     )
 }

@@ -12,6 +12,8 @@ configs=("$@")
 if [[ ${#configs[@]} -eq 0 ]]; then
   configs=(recipes/bench/smollm2-135m.yaml recipes/bench/qwen2.5-coder-1.5b.yaml)
 fi
+# the verify-cost curve of this machine (dtype chosen, few-row linear off/on) heads BENCHMARKS.md
+.venv/bin/draftsmith machine --target smollm2-135m-instruct --out benchmarks/machine
 args=()
 for config in "${configs[@]}"; do
   if [[ "$config" == *qwen2.5-coder-1.5b* ]]; then

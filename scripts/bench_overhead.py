@@ -14,11 +14,12 @@ from pathlib import Path
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
 from draftsmith.eval.decode import generate
-from draftsmith.eval.evaluate import git_commit, hardware
+from draftsmith.eval.evaluate import git_commit
 from draftsmith.eval.proposers.base import NoDraftProposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.report import write_json
 from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.target import load_target
 
 
@@ -69,7 +70,8 @@ def main() -> None:
         "tau": tau, "t_step_ms": t_step * 1e3, "t_verify_ms": t_verify * 1e3,
         "t_draft_ms": t_draft * 1e3, "measured_speedup": measured, "bound_speedup": bound,
         "overhead_ratio": measured / bound,
-        "hardware": hardware(), "commit": git_commit(),
+        "hardware": describe_hardware(hardware_record("cpu", target.dtype_choice)),
+        "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     write_json(Path(args.out), result)

@@ -11,9 +11,8 @@ from draftsmith import offline_models
 from draftsmith.chat import generate_reply
 from draftsmith.errors import DraftsmithError
 from draftsmith.target import load_target, resolve_device, resolve_dtype
-
-from conftest import require_offline_model
-from tiny_targets import tiny_target
+from tests.helpers.state import require_offline_model
+from tests.helpers.tiny_targets import tiny_target
 
 QUESTION = "What is the capital of France? Answer in one short sentence."
 
@@ -30,6 +29,7 @@ def test_offline_model_generates_coherent_text(name):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_gguf_file_loads_with_the_same_logits_as_the_converted_folder():
     name = require_offline_model("smollm2-135m-instruct")
     gguf = offline_models.gguf_path(name)

@@ -2,7 +2,7 @@
 
 import torch
 
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 
 def test_tiny_target_is_frozen_family_model(tiny_model):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.methods import split_method
 
 
 @dataclass
@@ -104,7 +105,7 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         if method not in evaluation.methods:
             raise DraftsmithError(f"{path}: {method!r} (in bars or expected_order) is not one of "
                                   "the eval methods")
-        label = method.partition("@")[2]
+        label = split_method(method)[1]
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "
                                   f"({', '.join(sorted(labels))})")

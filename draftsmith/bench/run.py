@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 
 from draftsmith.bench.config import BenchConfig, KindEntry
-from draftsmith.data.shards import write_json_atomic
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.methods import split_method
+from draftsmith.files import write_json
 
 
 def prepare_data(config: BenchConfig, log=print) -> Path:
@@ -95,10 +96,10 @@ def trainable_params(drafter_dir: Path, kind: str) -> int:
     embedding / head, plus a Medusa-2 LoRA adapter."""
     from safetensors import safe_open
 
-    from draftsmith.export.importer import FROZEN
+    from draftsmith.registry import get_spec
 
     total = 0
-    files = [(drafter_dir / "model.safetensors", FROZEN.get(kind, ())),
+    files = [(drafter_dir / "model.safetensors", get_spec(kind).frozen_prefixes),
              (drafter_dir / "lora" / "adapter_model.safetensors", ())]
     for path, frozen in files:
         if path.is_file():
@@ -143,7 +144,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     seconds = _train(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
     attempts.append(seconds)
-    write_json_atomic(attempts_path, attempts)
+    write_json(attempts_path, attempts)
     rows = _metrics(folder)
     final = [r for r in rows if r.get("step") == steps and any(k.startswith("eval/") for k in r)]
     record = {
@@ -157,13 +158,14 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
                      if k.startswith("eval/")},
         "recipe": str(out / "recipes" / f"{entry.label}.yaml"),
     }
-    write_json_atomic(record_path, record)
+    write_json(record_path, record)
     return record
 
 
 def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
     """All methods side by side at one temperature (skipped when its eval.json exists)."""
-    from draftsmith.eval.evaluate import EvalConfig, run_eval
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.evaluate import run_eval
     from draftsmith.eval.methods import ProposerSettings
     from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
     from draftsmith.eval.sampling import SamplingConfig
@@ -174,7 +176,7 @@ def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
         return json.loads((out / "eval.json").read_text())
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)
-    used = {m.partition("@")[2] for m in ev.methods}
+    used = {split_method(m)[1] for m in ev.methods}
     eval_config = EvalConfig(
         target=config.target, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
@@ -215,6 +217,6 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
         "eval": {t: {k: v for k, v in e.items() if k != "records"} for t, e in evals.items()},
     }
     path = out / "bench.json"
-    write_json_atomic(path, json.loads(json.dumps(payload, default=str)))
+    write_json(path, payload)
     log(f"benchmark results: {path}")
     return path

@@ -49,9 +49,9 @@ from draftsmith.data.shards import (
     open_run,
     read_manifest,
     record_shard,
-    write_atomic,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_atomic
 from draftsmith.target import DTYPES
 
 KIND = "feature_cache"
@@ -136,6 +136,7 @@ def build_feature_cache(
     kinds: Sequence[str], dtype: str = "bfloat16", batch_size: int = 32,
     batch_tokens: int = 8192, shard_tokens: int = 32768, chat_template_sha256: str | None = None,
     stop_after_shards: int | None = None, progress: bool = True, max_minutes: float | None = None,
+    aux_layers: Sequence[int] = (),
 ) -> CacheReport:
     """Run the frozen target over rendered samples and store the hidden states `kinds` need.
 
@@ -152,6 +153,7 @@ def build_feature_cache(
         progress: show a tqdm bar.
         max_minutes: start no new shard once the finished ones took this long (summed over
             runs); the cache then holds a prefix of the samples and counts as complete.
+        aux_layers: 0-based layer outputs to store besides the kinds' defaults.
 
     Raises:
         DraftsmithError: `out_dir` holds a cache with other settings, or no samples were given.
@@ -161,7 +163,7 @@ def build_feature_cache(
                               "source, data.limit and data.max_length")
     out_dir = Path(out_dir)
     num_layers = num_decoder_layers(model)
-    layers = layers_for_kinds(kinds, num_layers)
+    layers = tuple(sorted(set(layers_for_kinds(kinds, num_layers)) | {i + 1 for i in aux_layers}))
     identity = TargetIdentity.of(model, tokenizer)
     plan = plan_shards([len(s.input_ids) for s in samples], shard_tokens)
     text_config = model.config.get_text_config()
@@ -178,8 +180,9 @@ def build_feature_cache(
     })
     done = done_shards(manifest)
     report = CacheReport(out_dir, len(plan), shards_skipped=len(done & set(range(len(plan)))))
-    bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc="hidden states", unit="tok",
-               disable=not progress, smoothing=0.1)
+    budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
+    bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc=f"hidden states{budget}",
+               unit="tok", disable=not progress, smoothing=0.1)
     bar.update(sum(s["tokens"] for s in manifest["shards"]))
     for index, (start, end) in enumerate(plan):
         if index in done:

@@ -87,6 +87,9 @@ class CacheConfig:
     """The offline hidden-state cache (`data.cache`; null = features are computed online)."""
 
     kinds: tuple[str, ...] = ("eagle3",)  # drafter kinds whose hidden states are stored
+    # 0-based layer outputs stored besides the kinds' defaults (a drafter with custom layer_ids;
+    # a training recipe sets it from its drafter section)
+    aux_layers: tuple[int, ...] = ()
     dtype: str = "bfloat16"  # storage dtype of the hidden states
     batch_size: int = 32  # at most this many sequences per target forward
     batch_tokens: int = 8192  # and at most rows * longest sequence tokens
@@ -100,6 +103,10 @@ class CacheConfig:
         if isinstance(self.kinds, str):
             self.kinds = (self.kinds,)
         self.kinds = tuple(self.kinds)
+        self.aux_layers = tuple(self.aux_layers or ())
+        _require(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                     for i in self.aux_layers), f"{p}.aux_layers", list(self.aux_layers),
+                 "list 0-based layer ids (integers >= 0)")
         bad = [k for k in self.kinds if k not in FEATURE_KINDS]
         _require(bool(self.kinds) and not bad, f"{p}.kinds", list(self.kinds),
                  f"list one or more of: {', '.join(FEATURE_KINDS)}")
@@ -163,6 +170,7 @@ class DataConfig:
         values = asdict(self)
         if self.cache is not None:
             values["cache"]["kinds"] = list(self.cache.kinds)
+            values["cache"]["aux_layers"] = list(self.cache.aux_layers)
         return values
 
 

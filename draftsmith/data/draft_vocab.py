@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from draftsmith.data.render import RenderedSample
-from draftsmith.data.shards import write_atomic
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_atomic
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,11 @@ embedding output, index i the output of layer i-1, and index N (the last, N = nu
 is taken after the final norm, so `lm_head(hidden_states[N]) == logits`. Features are stored and
 returned under the key `hidden_states.{index}`.
 
-Medusa, EAGLE-1/2 and MTP read only the last hidden state. EAGLE-3 fuses the layer outputs
-`[1, N//2-1, N-4]` (indices `[2, N//2, N-3]`) and its loss needs the target distribution, which
-is recomputed from the last hidden state with the frozen `lm_head` rather than stored (a V-sized
-row per token would dwarf everything else).
+Which indices a kind reads is the registry's (`DrafterSpec.hidden_indices`): Medusa, EAGLE-1/2
+and MTP read only the last hidden state; EAGLE-3 fuses the layer outputs `[1, N//2-1, N-4]`
+(indices `[2, N//2, N-3]`) or its recipe's `layer_ids`. Every loss needs the target
+distribution, which is recomputed from the last hidden state with the frozen `lm_head` rather
+than stored (a V-sized row per token would dwarf everything else).
 
 `extract_features` is used online by the training step and offline by the cache builder, so the
 two paths compute the same tensors.
@@ -21,10 +22,9 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.eagle3 import eagle3_layer_ids
+from draftsmith.registry import DRAFTERS, get_spec
 
-LAST_HIDDEN_ONLY = ("medusa", "eagle1", "eagle2", "mtp")
-FEATURE_KINDS = (*LAST_HIDDEN_ONLY, "eagle3")
+FEATURE_KINDS = tuple(DRAFTERS)
 
 
 def hidden_key(index: int) -> str:
@@ -33,20 +33,17 @@ def hidden_key(index: int) -> str:
 
 
 def layers_for_kind(kind: str, num_layers: int) -> tuple[int, ...]:
-    """The `hidden_states` indices a drafter kind needs, the last (post-norm) state last.
+    """The `hidden_states` indices a drafter kind reads with its default settings, the last
+    (post-norm) state last.
 
     Args:
-        kind: one of `FEATURE_KINDS`.
+        kind: a registered kind (`FEATURE_KINDS`).
         num_layers: N, the target's number of decoder layers.
 
     Raises:
         DraftsmithError: unknown kind (lists the choices).
     """
-    if kind in LAST_HIDDEN_ONLY:
-        return (num_layers,)
-    if kind == "eagle3":
-        return (*(i + 1 for i in eagle3_layer_ids(num_layers)), num_layers)
-    raise DraftsmithError(f"unknown drafter kind {kind!r}; choose one of: {', '.join(FEATURE_KINDS)}")
+    return get_spec(kind).hidden_indices(num_layers)
 
 
 def layers_for_kinds(kinds: Iterable[str], num_layers: int) -> tuple[int, ...]:

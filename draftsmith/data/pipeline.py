@@ -23,9 +23,10 @@ from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab, tok
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
-from draftsmith.data.shards import read_manifest, write_atomic, write_json_atomic
+from draftsmith.data.shards import check_run_target, read_manifest
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_atomic, write_json
 
 
 def _throughput(manifest: dict, tokens_key: str) -> dict:
@@ -37,7 +38,7 @@ def _throughput(manifest: dict, tokens_key: str) -> dict:
 
 def run_data_recipe(
     recipe: DataRecipe, *, stop_after_shards: int | None = None, progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, target=None,
 ) -> dict:
     """Run every step the recipe asks for and return (and write) the summary.
 
@@ -46,6 +47,7 @@ def run_data_recipe(
         stop_after_shards: stop each sharded step after this many new shards (a later run resumes).
         progress: show progress bars.
         log: where one-line reports go.
+        target: the recipe's target already loaded (`draftsmith.target.Target`); None loads it.
 
     Raises:
         DraftsmithError: any user-fixable problem (source, target, template, settings), and a
@@ -66,13 +68,16 @@ def run_data_recipe(
             "path and that it holds ShareGPT `conversations` or OpenAI `messages` records")
     summary["cleaning"] = cleaning.to_json()
 
-    target = load_target(recipe.target.name, dtype=recipe.target.dtype,
-                         device=recipe.target.device,
-                         trust_remote_code=recipe.target.trust_remote_code)
+    if target is None:
+        target = load_target(recipe.target.name, dtype=recipe.target.dtype,
+                             device=recipe.target.device,
+                             trust_remote_code=recipe.target.trust_remote_code)
     model, tokenizer = target.model, target.tokenizer
     template = resolve_chat_template(tokenizer, data.chat_template)
     identity = TargetIdentity.of(model, tokenizer)
     summary["identity"] = identity.to_json()
+    for folder in (out_dir / "regenerated", out_dir / "cache"):  # before tokenized.jsonl is rewritten
+        check_run_target(folder, identity.to_json())
 
     if data.regenerate is not None:
         folder = out_dir / "regenerated"
@@ -94,8 +99,11 @@ def run_data_recipe(
             "kept_as_written": len(kept),
             "budget_reached": report.budget_reached,
         }
+        dropped = summary["regeneration"]["dropped"]
         log(f"regenerated {summary['regeneration']['conversations']:,} conversations into "
-            f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)")
+            f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)"
+            + (f"; dropped or cut: {', '.join(f'{n} {why}' for why, n in dropped.items())}"
+               if dropped else ""))
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)
@@ -126,7 +134,8 @@ def run_data_recipe(
             batch_size=data.cache.batch_size, batch_tokens=data.cache.batch_tokens,
             shard_tokens=data.cache.shard_tokens,
             chat_template_sha256=text_sha256(template), stop_after_shards=stop_after_shards,
-            progress=progress, max_minutes=data.cache.max_minutes)
+            progress=progress, max_minutes=data.cache.max_minutes,
+            aux_layers=data.cache.aux_layers)
         cache = FeatureCache.open(folder, expect=identity)
         summary["cache"] = {
             "folder": str(folder), "complete": report.complete, "layers": list(cache.layers),
@@ -157,6 +166,6 @@ def run_data_recipe(
 
 def _finish(out_dir: Path, summary: dict, log: Callable[[str], None]) -> dict:
     path = out_dir / "summary.json"
-    write_json_atomic(path, json.loads(json.dumps(summary, default=str)))
+    write_json(path, summary)
     log(f"summary: {path}")
     return summary

@@ -31,8 +31,9 @@ from draftsmith.data.config import RegenerateConfig
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.render import prompt_ids
-from draftsmith.data.shards import budget_spent, done_shards, open_run, record_shard, write_atomic
+from draftsmith.data.shards import budget_spent, done_shards, open_run, record_shard
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_atomic
 
 
 @dataclass
@@ -215,8 +216,9 @@ def regenerate(
     done = done_shards(manifest)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
-    bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress,
-               smoothing=0.1)
+    budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
+    bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",
+               disable=not progress, smoothing=0.1)
     bar.update(sum(s["count"] for s in manifest["shards"]))
     for index in range(num_shards):
         if index in done:

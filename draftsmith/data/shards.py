@@ -10,26 +10,12 @@ the run was started with; resuming with different settings is refused.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_json
 
 MANIFEST = "manifest.json"
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` to produce the file, then rename it to `path` (no half-written files)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write `payload` as indented JSON, atomically."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2) + "\n"))
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -61,7 +47,7 @@ def open_run(folder: Path, kind: str, settings: dict, extra: dict | None = None)
     if existing is None:
         manifest = {"kind": kind, "settings": settings, **(extra or {}), "shards": []}
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / MANIFEST, manifest)
+        write_json(folder / MANIFEST, manifest)
         return manifest
     fix = f"choose another output folder, or delete {folder} to start over"
     if existing.get("kind") != kind:
@@ -79,6 +65,21 @@ def open_run(folder: Path, kind: str, settings: dict, extra: dict | None = None)
     return existing
 
 
+def check_run_target(folder: Path, target: dict) -> None:
+    """Refuse early when `folder` holds a run made with another target (before anything else of
+    the pipeline is rewritten for the new one).
+
+    Raises:
+        DraftsmithError: the stored run's `settings.target` differs from `target`.
+    """
+    existing = read_manifest(Path(folder))
+    old = (existing or {}).get("settings", {}).get("target")
+    if old is not None and old != _normalized(target):
+        raise DraftsmithError(
+            f"{folder} was made with another target ({old}), not this one ({_normalized(target)}); "
+            f"choose another data.out_dir, or delete {folder} to start over")
+
+
 def done_shards(manifest: dict) -> set[int]:
     """Indices of the shards already written."""
     return {shard["index"] for shard in manifest["shards"]}
@@ -90,7 +91,7 @@ def record_shard(folder: Path, manifest: dict, entry: dict) -> None:
         [s for s in manifest["shards"] if s["index"] != entry["index"]] + [entry],
         key=lambda s: s["index"],
     )
-    write_json_atomic(Path(folder) / MANIFEST, manifest)
+    write_json(Path(folder) / MANIFEST, manifest)
 
 
 def budget_spent(manifest: dict, max_minutes: float | None) -> bool:

@@ -18,14 +18,16 @@ the last bits, which changes the output only where two logits tie at float32 pre
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import time
 import types
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from draftsmith.files import write_json
 
 PROBE_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 WIN_MARGIN = 0.9  # the skinny form must take at most this share of the default's time
@@ -113,13 +115,8 @@ def probe_shapes(shapes: set[tuple[int, int]]) -> dict[tuple[int, int], int]:
             changed = True
         result[(out_features, in_features)] = int(machine[key]["max_rows"])
     if changed:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(cached, indent=1))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache only costs the probe again next time
+        with contextlib.suppress(OSError):  # a read-only cache costs the probe again next time
+            write_json(path, cached, indent=1)
     return result
 
 

@@ -16,6 +16,7 @@ from draftsmith.eval.proposers.mtp import MTPProposer
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.registry import get_spec
 
 OUR_METHODS = {
     "plain": "plain decoding through draftsmith's loop (the speedup baseline)",
@@ -30,7 +31,6 @@ OUR_METHODS = {
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
-DEFAULT_TREE = {"medusa": "static", "eagle1": "static", "eagle3": "dynamic", "mtp": "chain"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ class ProposerSettings:
     lookup_tokens: int = 8
     lookup_max_ngram: int = 3
     tree: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
+
+    def __post_init__(self):
+        for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise DraftsmithError(f"{flag} {value!r} must be an integer >= 1 (0 would turn "
+                                      "the method into plain decoding under another name)")
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -80,26 +88,49 @@ def check_methods(methods: list[str], has_draft: bool, drafters=()) -> None:
                                   f"(drafters given: {given}): {fix}")
 
 
-def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
-    """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape."""
-    shape = DEFAULT_TREE[drafter.kind] if method == "drafter" else method.split("_", 1)[1]
-    name = f"{drafter.kind}_{shape}"
-    if drafter.kind == "mtp":
-        if shape != "chain":
-            raise DraftsmithError("MTP modules draft a chain: use drafter or drafter_chain")
-        return MTPProposer(drafter.module)
-    if drafter.kind == "medusa":
-        if shape == "dynamic":
-            raise DraftsmithError("Medusa heads are not autoregressive: use drafter_static or "
-                                  "drafter_chain")
-        choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
-        proposer = MedusaProposer(drafter.module, choices)
-        proposer.name = name
-        return proposer
+def tree_shape(method: str, kind: str) -> str:
+    """The tree shape a drafter method decodes with: `drafter` takes the kind's default."""
+    base, _ = split_method(method)
+    return get_spec(kind).default_tree if base == "drafter" else base.split("_", 1)[1]
+
+
+def _feature_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
     if shape == "dynamic":
-        return FeatureDrafterProposer(drafter.module, dynamic=settings.tree, name=name)
+        return FeatureDrafterProposer(module, dynamic=settings.tree, name=name)
     choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
-    return FeatureDrafterProposer(drafter.module, choices, name=name)
+    return FeatureDrafterProposer(module, choices, name=name)
+
+
+def _heads_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
+    choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
+    proposer = MedusaProposer(module, choices)
+    proposer.name = name
+    return proposer
+
+
+def _modules_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
+    return MTPProposer(module)
+
+
+# decoding family (DrafterSpec.proposer) -> how its proposer is built for a tree shape
+PROPOSER_FAMILIES = {"feature": _feature_proposer, "heads": _heads_proposer,
+                     "modules": _modules_proposer}
+
+
+def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
+    """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape.
+
+    Raises:
+        DraftsmithError: a shape the kind does not decode with (names the ones it does).
+    """
+    spec = get_spec(drafter.kind)
+    shape = tree_shape(method, drafter.kind)
+    if shape not in spec.tree_shapes:
+        methods = " or ".join(f"drafter_{s}" for s in spec.tree_shapes)
+        raise DraftsmithError(f"{spec.title} drafters decode with {', '.join(spec.tree_shapes)} "
+                              f"trees, not {shape}: use drafter or {methods}")
+    return PROPOSER_FAMILIES[spec.proposer](drafter.module, shape, settings,
+                                            f"{drafter.kind}_{shape}")
 
 
 def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,

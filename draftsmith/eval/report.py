@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -29,14 +28,6 @@ def format_table(table: dict[str, dict[str, dict]]) -> str:
             )
     return "\n".join(lines)
 
-
-def write_json(path: Path, payload: dict) -> Path:
-    """Write atomically (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
-    tmp.replace(path)
-    return path
 
 
 def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:

@@ -14,10 +14,9 @@ from pathlib import Path
 import yaml
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportFormat
+from draftsmith.export.record import ExportFormat
 from draftsmith.export.weights import read_json
 
-KIND_TITLES = {"eagle3": "EAGLE-3", "eagle1": "EAGLE-1/2", "medusa": "Medusa", "mtp": "MTP"}
 DRAFTER = "DRAFTER_PATH_OR_REPO"
 
 
@@ -69,6 +68,12 @@ def _number(value, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}"
+
+
+def _title(kind: str) -> str:
+    from draftsmith.registry import DRAFTERS
+
+    return DRAFTERS[kind].title if kind in DRAFTERS else kind
 
 
 def _eval_section(payload: dict | None) -> list[str]:
@@ -179,7 +184,7 @@ def model_card(meta: dict, fmt: ExportFormat, base_model: str | None, files: dic
              "tags": list(dict.fromkeys(["speculative-decoding", "draftsmith", kind, fmt.name]))}
     recipe = meta.get("recipe") or {}
     settings = meta.get("drafter_config") or {}
-    facts = [("Target", f"`{target}`"), ("Drafter kind", f"{kind} ({KIND_TITLES.get(kind, kind)})"),
+    facts = [("Target", f"`{target}`"), ("Drafter kind", f"{kind} ({_title(kind)})"),
              ("Export format", f"{fmt.name}: {fmt.description}"),
              ("Training steps", f"{meta.get('training_steps', 'not recorded')} "
                                 f"({meta.get('num_processes', '?')} process(es))"),
@@ -194,7 +199,7 @@ def model_card(meta: dict, fmt: ExportFormat, base_model: str | None, files: dic
         facts.append(("Medusa-2", "the target was fine-tuned jointly through LoRA; the adapter is "
                                   "in `lora/` and must be merged into the target to serve"))
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-             f"# {KIND_TITLES.get(kind, kind)} drafter for {target}", "",
+             f"# {_title(kind)} drafter for {target}", "",
              f"A speculative-decoding drafter trained with draftsmith against the frozen target "
              f"`{target}`.", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts], "",
              "## Evaluation", "", *_eval_section(eval_payload), *_serving(fmt, target),

@@ -25,9 +25,9 @@ def load_target_config(spec: str, trust_remote_code: bool = False):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from draftsmith.export.exported import ExportOptions
-    from draftsmith.export.exporter import export_drafter
-    from draftsmith.export.importer import check_exported
+    from draftsmith.export.load import check_exported
+    from draftsmith.export.record import ExportOptions
+    from draftsmith.export.write import export_drafter
 
     if args.check:
         extra = [flag for flag, value in (("CKPT", args.checkpoint), ("--format", args.format),

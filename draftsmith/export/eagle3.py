@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportedDrafter, ExportOptions
+from draftsmith.export.record import ExportedDrafter, ExportOptions
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     base_model_id,

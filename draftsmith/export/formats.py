@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle1, eagle3, medusa, mtp
-from draftsmith.export.exported import ExportFormat
+from draftsmith.export.record import ExportFormat
 
 FORMATS: dict[str, ExportFormat] = {
     fmt.name: fmt
@@ -46,7 +46,8 @@ def detect_format(config: dict, names: set[str], where: str) -> ExportFormat:
     Raises:
         DraftsmithError: nothing matches (lists what each format is recognised by).
     """
-    for name in DETECTION_ORDER:
+    order = [*DETECTION_ORDER, *(name for name in FORMATS if name not in DETECTION_ORDER)]
+    for name in order:
         if FORMATS[name].matches(config, names):
             return FORMATS[name]
     raise DraftsmithError(

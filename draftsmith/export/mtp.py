@@ -5,13 +5,13 @@ target's N layers. Module k (0-based) is written as `model.layers.{N+k}.*`: `eno
 `eh_proj` (input cat(embedding, hidden), embedding first), `input_layernorm`, `self_attn.*`,
 `mlp.*`, `post_attention_layernorm`, `shared_head.norm`, and the frozen copies
 `shared_head.head` and `embed_tokens` that DeepSeek-V3 repeats in every MTP layer (left out with
-`skip_frozen`; the importer then takes them from the target). `config.json` is the target's
+`skip_frozen`; `load.py` then takes them from the target). `config.json` is the target's
 config plus `num_nextn_predict_layers: K`. Matched against the weight names vLLM's
 `deepseek_mtp.py` and SGLang's `deepseek_nextn.py` load (`enorm`, `hnorm`, `eh_proj`,
 `shared_head.{norm,head}`, `embed_tokens` per MTP layer) and REFERENCE.md section 3.
 
 This is the DeepSeek-V3 numbering, not SGLang's NextN export (which renumbers the module to layer
-0 with `architectures: ["DeepseekV3ForCausalLMNextN"]`); the importer reads both. The block inside
+0 with `architectures: ["DeepseekV3ForCausalLMNextN"]`); `load.py` reads both. The block inside
 is the target's Llama/Qwen2-style layer (GQA attention, dense MLP), so engines serve it only for
 targets whose architecture has native MTP support; for Llama/Qwen2 targets it is an interchange
 format that draftsmith evaluates.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportedDrafter, ExportOptions
+from draftsmith.export.record import ExportedDrafter, ExportOptions
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     cast_floats,
@@ -38,7 +38,7 @@ WEIGHTS_FILE = "model.safetensors"
 LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 MODULE_TENSOR = re.compile(r"^layers\.(\d+)\.(.+)$")
 BLOCK_PARTS = ("self_attn.", "mlp.", "post_attention_layernorm.")
-FROZEN = {"embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "shared_head.head.weight"}
+SHARED_WITH_TARGET = {"embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "shared_head.head.weight"}
 
 
 def _to_deepseek(part: str) -> str:
@@ -60,7 +60,7 @@ def write_mtp(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dic
         match = MODULE_TENSOR.match(name)
         if match:
             tensors[f"model.layers.{first + int(match[1])}.{_to_deepseek(match[2])}"] = value
-        elif name not in FROZEN and not name.startswith("rotary."):
+        elif name not in SHARED_WITH_TARGET and not name.startswith("rotary."):
             raise DraftsmithError(f"{where}: unexpected tensor {name!r} for MTP modules")
     modules = len({int(m[1]) for m in map(MODULE_TENSOR.match, ckpt.tensors) if m})
     if modules == 0:
@@ -68,7 +68,7 @@ def write_mtp(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dic
     for k in range(modules):
         require_shape(tensors, f"model.layers.{first + k}.eh_proj.weight", (hidden, 2 * hidden),
                       where)
-        for ours, theirs in FROZEN.items():
+        for ours, theirs in SHARED_WITH_TARGET.items():
             if ours in ckpt.tensors and not opts.skip_frozen:
                 tensors[f"model.layers.{first + k}.{theirs}"] = ckpt.tensors[ours]
     tensors = cast_floats(tensors, opts.dtype)
@@ -102,7 +102,7 @@ def read_mtp(config: dict, tensors: dict[str, torch.Tensor], where: str = "expor
     state: dict[str, torch.Tensor] = {}
     for k, number in enumerate(numbers):
         parts = dict(by_layer[number])
-        for ours, theirs in FROZEN.items():
+        for ours, theirs in SHARED_WITH_TARGET.items():
             copy = parts.pop(theirs, None)
             if copy is None:
                 continue

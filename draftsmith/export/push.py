@@ -13,10 +13,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from draftsmith.drafter_folder import DRAFTER_CONFIG
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.importer import is_exported_folder
+from draftsmith.export.load import is_exported_folder
 from draftsmith.export.weights import PICKLE_SUFFIXES, read_json
-from draftsmith.models.loading import DRAFTER_CONFIG
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 

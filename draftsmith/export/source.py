@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import torch
 
+from draftsmith.drafter_folder import read_drafter_meta, read_drafter_weights
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import drafter_layer_config
-from draftsmith.models.loading import read_drafter_meta, read_drafter_weights
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportedDrafter
+from draftsmith.export.record import ExportedDrafter
 
 
 def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool = True) -> None:
@@ -37,7 +37,7 @@ def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool 
             "distinct increasing `drafter.layer_ids` (the default is)")
 
 
-def check_against_target(drafter: ExportedDrafter, target_config, where: str) -> None:
+def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str) -> None:
     """The drafter's recorded shapes against the target's config.
 
     Args:

@@ -92,11 +92,6 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> Path:
     return path
 
 
-def write_json(data: dict, path: Path) -> Path:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    return path
-
-
 def read_json(path: Path) -> dict:
     """A JSON object from `path`.
 

@@ -77,11 +77,13 @@ class Eagle1Drafter(nn.Module):
         """Drafter input features of target positions `index`: the last hidden state. (m, H)"""
         return last_hidden[index]
 
-    def draft(self, tokens, features, position_ids, mask, past=None):
+    def draft(self, tokens, features, position_ids, mask, past=None, last_only: bool = False):
         """Decode-time step on one sequence: (m,) tokens, (m, H) features ->
-        (next features (m, H), log-probs over the target vocab (m, V), new (keys, values))."""
+        (next features (m, H), log-probs over the target vocab (m or 1, V), new (keys, values)).
+        `last_only`: the head runs on the last row only (the one a new tree grows from)."""
         predicted, kv = self.step(tokens[None], features[None], position_ids[None], mask, past)
-        return predicted[0], torch.log_softmax(self.logits(predicted[0]).float(), -1), kv
+        rows = predicted[0][-1:] if last_only else predicted[0]
+        return predicted[0], torch.log_softmax(self.logits(rows).float(), -1), kv
 
 
 def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -155,11 +155,14 @@ class Eagle3Drafter(nn.Module):
         """Drafter input of target positions `index`: fc of the fused layer outputs. (m, H)"""
         return self.fuse([hidden_states[layer + 1][index] for layer in self.layer_ids])
 
-    def draft(self, tokens, hidden, position_ids, mask, past=None):
+    def draft(self, tokens, hidden, position_ids, mask, past=None, last_only: bool = False):
         """Decode-time step on one sequence: (m,) tokens, (m, H) hidden ->
-        (next hidden (m, H), log-probs over the target vocab (m, V), new (keys, values))."""
-        out, logits, kv = self.step(tokens[None], hidden[None], position_ids[None], mask, past)
-        logp = torch.log_softmax(logits[0].float(), -1)
+        (next hidden (m, H), log-probs over the target vocab (m or 1, V), new (keys, values)).
+        `last_only`: the head runs on the last row only (the one a new tree grows from)."""
+        out, kv = self.step(tokens[None], hidden[None], position_ids[None], mask, past,
+                            with_logits=False)
+        rows = out[0][-1:] if last_only else out[0]
+        logp = torch.log_softmax(self.lm_head(self.norm(rows)).float(), -1)
         full = logp.new_full((logp.shape[0], self.t2d.shape[0]), float("-inf"))
         full[:, self.draft_ids()] = logp
         return out[0], full, kv

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.models.loading import DRAFTER_CONFIG, WEIGHTS
+from draftsmith.drafter_folder import write_drafter_folder
 
 
 def _state_dir(out_dir: Path) -> Path:
@@ -45,38 +45,41 @@ def save_state(accelerator, out_dir: Path, step: int, total_steps: int, planned:
     return final
 
 
+def _custom_template(recipe) -> str | None:
+    """The text of the recipe's own chat template (None: the tokenizer's), so evaluation renders
+    prompts the way the drafter saw them in training."""
+    from draftsmith.data.render import resolve_chat_template
+
+    custom = recipe.data.get("chat_template")
+    return resolve_chat_template(None, custom) if custom else None
+
+
 def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
                  eval_metrics: dict, out_dir: Path, lora_target=None) -> Path:
     """Save the trained drafter's weights and what is needed to rebuild and check it; with a
     LoRA-trained target (Medusa-2) its adapter goes to `lora/` (safetensors)."""
-    from safetensors.torch import save_file
+    from draftsmith.registry import get_spec
 
     final = out_dir / "drafter"
     state = accelerator.get_state_dict(drafter)
     if accelerator.is_main_process:
-        tmp = final.with_name(final.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()
                    if not k.startswith("rotary.")}
-        save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
-        if lora_target is not None:
-            lora_target.save_pretrained(tmp / "lora", safe_serialization=True)
         config = recipe.drafter_config()
         meta = {
             "kind": recipe.kind,
             "drafter_config": asdict(config),
             "target": recipe.target.name,
             "target_config": target_config.to_dict(),
-            "aux_layers": getattr(drafter, "layer_ids", []),
+            "aux_layers": list(get_spec(recipe.kind).aux_layers(target_config.num_hidden_layers,
+                                                                config)),
             "training_steps": step,
             "num_processes": accelerator.num_processes,
             "lora": lora_target is not None,
             "eval": eval_metrics,
+            "chat_template": _custom_template(recipe),
             "recipe": recipe.to_dict(),
         }
-        (tmp / DRAFTER_CONFIG).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.replace(final)
+        write_drafter_folder(final, tensors, meta, lora_target)
     accelerator.wait_for_everyone()
     return final

@@ -121,6 +121,11 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     from accelerate.utils import set_seed
 
     cfg = recipe.train
+    finished = _finished_drafter(Path(cfg.output_dir), recipe)
+    if finished is not None:
+        print(f"{finished} is already trained by this recipe; delete it or set another "
+              "train.output_dir to train again", file=sys.stderr)
+        return finished
     accelerator = accelerator or make_accelerator(recipe)
     set_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
@@ -134,11 +139,11 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                              trust_remote_code=recipe.target.trust_remote_code).model
     target.requires_grad_(False).eval().to(accelerator.device)
     drafter = spec.build(target.config, drafter_config)
-    if hasattr(drafter, "set_draft_vocab"):
+    if spec.uses_draft_vocab:
         install_draft_vocab(drafter, draft_vocab, accelerator)
     drafter.init_from_target(target)
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
-    joint = bool(getattr(drafter_config, "lora", False))
+    joint = spec.trains_target(drafter_config)
     if joint:
         target = wrap_with_lora(target, drafter_config)
 
@@ -175,6 +180,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     if cfg.wandb:
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
+    log.truncate_after(step)
     micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
     micro_done = step * cfg.grad_accum
     progress = _progress_bar(accelerator, schedule.total, step)
@@ -233,6 +239,17 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                         out_dir, lora_target=unwrapped.target if joint else None)
     accelerator.end_training()
     return path
+
+
+def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
+    """OUTPUT_DIR/drafter when it holds a drafter trained by this very recipe, else None."""
+    path = out_dir / "drafter" / "draftsmith_drafter.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = json.loads(json.dumps(recipe.to_dict(), default=str)) == meta.get("recipe")
+    return path.parent if same else None
 
 
 def _plan_steps(accelerator, cfg, step: int, elapsed: float, first: tuple[int, float], log) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftsmith.files import write_atomic
+
 
 def simulated_tau(position_accuracies: list[float]) -> float:
     """Chain acceptance length implied by per-position accuracies: 1 + sum_k prod_{j<=k} acc_j.
@@ -27,6 +29,15 @@ class MetricsLog:
         self.accelerator = accelerator
         if accelerator.is_main_process:
             path.parent.mkdir(parents=True, exist_ok=True)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps after `step` (a run resumed from a checkpoint at `step` writes them
+        again, so each step has one row)."""
+        if not self.accelerator.is_main_process or not self.path.is_file():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        write_atomic(self.path, lambda tmp: tmp.write_text("".join(f"{k}\n" for k in keep)))
 
     def write(self, row: dict) -> None:
         if self.accelerator.is_main_process:

@@ -155,8 +155,14 @@ def build_recipe(raw: dict) -> Recipe:
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe file."""
-    raw = read_yaml_mapping(path, "recipe", "recipes live in recipes/")
-    return build_recipe(apply_overrides(raw, overrides or [], recipe_schema))
+    raw = apply_overrides(read_yaml_mapping(path, "recipe", "recipes live in recipes/"),
+                          overrides or [], recipe_schema)
+    target = raw.get("target")
+    if not isinstance(target, dict) or not target.get("name"):
+        raise DraftsmithError(f"recipe {path} names no target; add `target: {{name: NAME}}` (an "
+                              "offline model such as smollm2-135m-instruct, a folder, a .gguf file "
+                              "or a Hub id) or pass target.name=NAME")
+    return build_recipe(raw)
 
 
 def recipe_schema(values: dict) -> dict:

@@ -31,18 +31,24 @@ def read_tokenized(path: str | Path) -> list[dict]:
 def data_recipe(recipe: Recipe):
     """The data pipeline's recipe for a training recipe (same target, its `data:` section)."""
     from draftsmith.data.config import DataConfig, DataRecipe, TargetConfig
+    from draftsmith.registry import get_spec
 
     target = TargetConfig(name=recipe.target.name, dtype=recipe.target.dtype,
                           trust_remote_code=recipe.target.trust_remote_code)
-    return DataRecipe(target=target, data=DataConfig.from_dict(recipe.data))
+    data = dict(recipe.data)
+    custom = get_spec(recipe.kind).custom_aux_layers(recipe.drafter_config())
+    if custom and isinstance(data.get("cache"), dict):  # the cache must hold what this drafter reads
+        data["cache"] = {**data["cache"], "aux_layers": sorted(
+            {*data["cache"].get("aux_layers", ()), *custom})}
+    return DataRecipe(target=target, data=DataConfig.from_dict(data))
 
 
-def build_examples(recipe: Recipe, accelerator) -> tuple[list[dict], object | None]:
+def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], object | None]:
     """Training examples and the draft vocabulary (or None) for a recipe's `data:` section.
 
     `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise the data pipeline runs
     (on the main process first; it resumes and skips finished work) and its rendered output is
-    read back.
+    read back. `target` is the loaded `draftsmith.target.Target` (loaded once for everything).
     """
     from draftsmith.data.draft_vocab import load_draft_vocab
     from draftsmith.data.pipeline import run_data_recipe
@@ -53,7 +59,7 @@ def build_examples(recipe: Recipe, accelerator) -> tuple[list[dict], object | No
     prepared = data_recipe(recipe)
     with accelerator.main_process_first():
         if accelerator.is_main_process:
-            run_data_recipe(prepared, log=accelerator.print)
+            run_data_recipe(prepared, log=accelerator.print, target=target)
     out_dir = Path(prepared.data.out_dir)
     tokenized = out_dir / "tokenized.jsonl"
     if not tokenized.is_file():
@@ -62,11 +68,11 @@ def build_examples(recipe: Recipe, accelerator) -> tuple[list[dict], object | No
     vocab_path = out_dir / "draft_vocab.safetensors"
     vocab = load_draft_vocab(vocab_path) if vocab_path.is_file() else None
     if recipe.train.features == "offline":
-        return read_cache(recipe, out_dir / "cache"), vocab
+        return read_cache(recipe, out_dir / "cache", target), vocab
     return read_tokenized(tokenized), vocab
 
 
-def read_cache(recipe: Recipe, folder: Path) -> list[dict]:
+def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
     """Cached samples with exactly the hidden states this drafter kind reads (offline mode).
 
     Raises:
@@ -76,13 +82,10 @@ def read_cache(recipe: Recipe, folder: Path) -> list[dict]:
     from draftsmith.data.features import hidden_key
     from draftsmith.data.identity import TargetIdentity
     from draftsmith.registry import get_spec
-    from draftsmith.target import load_target
 
     if not recipe.data.get("cache"):
         raise DraftsmithError("train.features=offline needs a data.cache section listing this "
                               f"drafter kind ({recipe.kind}) in data.cache.kinds")
-    target = load_target(recipe.target.name, dtype=recipe.target.dtype,
-                         trust_remote_code=recipe.target.trust_remote_code)
     num_layers = target.model.config.num_hidden_layers
     aux = get_spec(recipe.kind).aux_layers(num_layers, recipe.drafter_config())
     indices = sorted({num_layers, *[i + 1 for i in aux]})
@@ -95,6 +98,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     """Load and validate the recipe, build the data, train; returns the final drafter folder."""
     import torch.distributed as dist
 
+    from draftsmith.target import load_target
     from draftsmith.train.loop import make_accelerator, run_training
 
     recipe = load_recipe(path, overrides)
@@ -102,8 +106,11 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         data_recipe(recipe)  # validates the data section before any model is loaded
     accelerator = make_accelerator(recipe)
     try:
-        examples, vocab = build_examples(recipe, accelerator)
-        return run_training(recipe, examples, accelerator=accelerator, draft_vocab=vocab)
+        target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
+                             trust_remote_code=recipe.target.trust_remote_code)
+        examples, vocab = build_examples(recipe, accelerator, target)
+        return run_training(recipe, examples, target=target.model, accelerator=accelerator,
+                            draft_vocab=vocab)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

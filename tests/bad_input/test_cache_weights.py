@@ -11,8 +11,7 @@ from draftsmith.data.cache import FeatureCache, build_feature_cache
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 
 class Tokenizer:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from export.export_helpers import make_checkpoint
 
+from draftsmith.drafter_folder import load_drafter
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.source import read_checkpoint
-from draftsmith.models.loading import load_drafter
+from tests.helpers.export_helpers import make_checkpoint
 
 
 def _edit_meta(folder, change):

@@ -18,6 +18,7 @@ RECORDS = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"Questi
            for i in range(5)]
 
 
+@pytest.mark.slow
 def test_data_run_on_an_empty_source_fails_and_writes_nothing(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     recipe = {"target": {"name": "smollm2-135m-instruct", "dtype": "float32"},

@@ -6,8 +6,7 @@ import pytest
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids
-
-from tiny_targets import tiny_config
+from tests.helpers.tiny_targets import tiny_config
 
 
 def test_layer_ids_are_validated_when_the_drafter_is_built():

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from export.export_helpers import make_checkpoint
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportOptions
-from draftsmith.export.exporter import export_drafter
-
-from tiny_targets import tiny_config
+from draftsmith.export.record import ExportOptions
+from draftsmith.export.write import export_drafter
+from tests.helpers.export_helpers import make_checkpoint
+from tests.helpers.tiny_targets import tiny_config
 
 
 def test_base_model_with_other_sizes_is_refused_before_writing(tmp_path):

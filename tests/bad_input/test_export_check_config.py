@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from export.export_helpers import make_checkpoint
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exporter import export_drafter
-from draftsmith.export.importer import check_exported
+from draftsmith.export.load import check_exported
+from draftsmith.export.write import export_drafter
+from tests.helpers.export_helpers import make_checkpoint
 
 CASES = [
     ("eagle3", "eagle3", ["hidden_size"], r"lacks 'hidden_size' \(the weights imply 32\)"),

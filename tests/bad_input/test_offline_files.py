@@ -13,8 +13,7 @@ from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
 from draftsmith.offline_models import MARKER, OfflineModel
 from draftsmith.target import resolve_source
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 
 def _flip_a_byte(path, offset):

@@ -16,8 +16,7 @@ from draftsmith.bench.run import kind_recipe, seconds_per_step
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe
-
-from conftest import require_offline_model
+from tests.helpers.state import require_offline_model
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "smollm2-135m-instruct"
@@ -51,6 +50,7 @@ def write_configs(tmp_path: Path, **bench_overrides) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     require_offline_model(NAME)
     config = write_configs(tmp_path)

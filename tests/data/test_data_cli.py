@@ -10,9 +10,8 @@ from draftsmith.data.cache import FeatureCache
 from draftsmith.data.cli import add_data_parser, main, marked_text
 from draftsmith.data.draft_vocab import load_draft_vocab
 from draftsmith.errors import DraftsmithError
-
-from tiny_targets import tiny_target
-from tiny_tokenizers import char_tokenizer
+from tests.helpers.tiny_targets import tiny_target
+from tests.helpers.tiny_tokenizers import char_tokenizer
 
 
 def data_cli(argv):

@@ -11,13 +11,12 @@ from draftsmith.data.features import extract_features, hidden_key, layers_for_ki
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import render_conversations, resolve_chat_template
 from draftsmith.errors import DraftsmithError
-
-from tiny_targets import tiny_target
-from tiny_tokenizers import char_tokenizer
+from tests.helpers.tiny_targets import tiny_target
+from tests.helpers.tiny_tokenizers import char_tokenizer
 
 
 def test_layers_for_each_kind():
-    for kind in ("medusa", "eagle1", "eagle2", "mtp"):
+    for kind in ("medusa", "eagle1", "mtp"):
         assert layers_for_kind(kind, 30) == (30,)
     assert layers_for_kind("eagle3", 30) == (2, 15, 27, 30)  # layer outputs 1, 14, 26 + last
     assert layers_for_kind("eagle3", 24) == (2, 12, 21, 24)

@@ -11,9 +11,8 @@ from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import resolve_chat_template
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
-
-from tiny_targets import tiny_target
-from tiny_tokenizers import char_tokenizer
+from tests.helpers.tiny_targets import tiny_target
+from tests.helpers.tiny_tokenizers import char_tokenizer
 
 EOS = [1]
 

@@ -12,9 +12,8 @@ from draftsmith.data.render import (
     resolve_chat_template,
 )
 from draftsmith.errors import DraftsmithError
-
-from conftest import require_offline_model
-from tiny_tokenizers import (
+from tests.helpers.state import require_offline_model
+from tests.helpers.tiny_tokenizers import (
     CHATML_QWEN25,
     CHATML_SMOLLM2,
     LLAMA3,

@@ -4,8 +4,7 @@ from draftsmith.eval.autotune import autotune_tree, measure_verify_cost
 from draftsmith.eval.proposers.draft_model import DraftModelTreeProposer
 from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 
 def test_verify_cost_is_measured_for_each_size():

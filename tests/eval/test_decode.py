@@ -13,8 +13,7 @@ from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTre
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.eval.tree import chain_tree
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 NEW = 40
 

@@ -15,8 +15,7 @@ from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTre
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.models.layers import causal_mask, shift_left
 from draftsmith.registry import get_spec, target_features
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 NEW = 30
 
@@ -59,6 +58,21 @@ def test_drafter_proposers_reproduce_plain_greedy(family):
     for name, proposer in proposers(target).items():
         result = generate(runner, proposer, prompt, NEW)
         assert result.tokens == reference, name
+        assert max(result.depth_per_step) >= 1, f"{name} never drafted"
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_very_short_prompts_decode_losslessly(length):
+    """A one-token prompt has no target feature before the root: the first step verifies the
+    root alone, drafting starts from the second."""
+    target = tiny_target("llama")
+    prompt = [7, 11][:length]
+    reference = target.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    runner = CausalLMRunner(target, output_hidden_states=True)
+    for name, proposer in proposers(target).items():
+        result = generate(runner, proposer, prompt, NEW)
+        assert result.tokens == reference, f"{name} with a {length}-token prompt"
         assert max(result.depth_per_step) >= 1, f"{name} never drafted"
 
 

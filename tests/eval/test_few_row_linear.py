@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from eval.test_decode import NEW, _prompt, _reference, proposer_factories
 
 from draftsmith.eval import few_row_linear
 from draftsmith.eval.decode import generate
@@ -16,8 +15,8 @@ from draftsmith.eval.few_row_linear import (
     skinny_linear,
 )
 from draftsmith.eval.runner import CausalLMRunner
-
-from tiny_targets import tiny_target
+from tests.eval.test_decode import NEW, _prompt, _reference, proposer_factories
+from tests.helpers.tiny_targets import tiny_target
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 17])
@@ -37,6 +36,7 @@ def test_limit_is_the_last_row_count_of_an_unbroken_win():
     assert max_skinny_rows({2: 0.5, 32: 0.8}) == 32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_every_proposer_stays_lossless_through_the_skinny_form(family):
     target = tiny_target(family)

@@ -6,23 +6,22 @@ import json
 
 import pytest
 import torch
-from export.export_helpers import build_drafter, write_checkpoint
 
 from draftsmith.chat import chat_input_ids
 from draftsmith.cli import main
+from draftsmith.drafter_folder import DRAFTER_CONFIG
 from draftsmith.eval.decode import generate
 from draftsmith.eval.proposers.base import NoDraftProposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
-from draftsmith.models.loading import DRAFTER_CONFIG
 from draftsmith.target import load_target
 from draftsmith.train.joint import wrap_with_lora
+from tests.helpers.export_helpers import build_drafter, write_checkpoint
+from tests.helpers.state import require_offline_model
 
-from conftest import require_offline_model
-
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 NAME = "smollm2-135m-instruct"
 
 

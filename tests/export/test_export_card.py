@@ -10,8 +10,7 @@ import yaml
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export_drafter
-
-from export_helpers import make_checkpoint
+from tests.helpers.export_helpers import make_checkpoint
 
 
 def eval_payload(kind: str = "eagle3", training_steps: int = 7) -> dict:

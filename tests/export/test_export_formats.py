@@ -12,8 +12,7 @@ from safetensors.torch import load_file, save_file
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import FORMATS, export_drafter, load_exported, read_exported
 from draftsmith.export.cli import FORMAT_NAMES
-
-from export_helpers import make_checkpoint
+from tests.helpers.export_helpers import make_checkpoint
 
 H, V, N = 32, 128, 4  # tiny target: hidden, vocab, layers (4 heads, 2 KV heads, head_dim 8)
 ATTN = {"self_attn.q_proj.weight": (32, 32), "self_attn.k_proj.weight": (16, 32),

@@ -22,8 +22,7 @@ import pytest
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import add_push_parser, export_drafter, push_folder
-
-from export_helpers import make_checkpoint
+from tests.helpers.export_helpers import make_checkpoint
 
 TOKEN = "hf_fake_secret_token_0123456789"
 REPO = re.compile(r"^/api/models/([^/]+/[^/]+)/(preupload|commit|branch)/(.+)$")

@@ -7,10 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from draftsmith.drafter_folder import LoadedDrafter, load_drafter
 from draftsmith.export import ExportOptions, export_drafter, load_any_drafter, load_exported
-from draftsmith.models.loading import LoadedDrafter, load_drafter
-
-from export_helpers import KIND_OF_FORMAT, PROMPT, decode_with, make_checkpoint, plain_greedy
+from tests.helpers.export_helpers import (
+    KIND_OF_FORMAT,
+    PROMPT,
+    decode_with,
+    make_checkpoint,
+    plain_greedy,
+)
 
 
 def assert_same_state(original: torch.nn.Module, loaded: torch.nn.Module) -> None:

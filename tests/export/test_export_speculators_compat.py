@@ -16,8 +16,7 @@ import torch
 from draftsmith.export import ExportOptions, export_drafter, load_exported
 from draftsmith.models.eagle3 import ttt_masks
 from draftsmith.models.layers import shift_left
-
-from export_helpers import make_checkpoint
+from tests.helpers.export_helpers import make_checkpoint
 
 INSTALL = ("pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && pip install openai "
            "aiohttp httpx pydantic pydantic-settings loguru rich typer click psutil")

@@ -18,9 +18,8 @@ from draftsmith.export import (
     export_drafter,
     load_exported,
 )
-
-from export_helpers import make_checkpoint
-from tiny_targets import tiny_config, tiny_target
+from tests.helpers.export_helpers import make_checkpoint
+from tests.helpers.tiny_targets import tiny_config, tiny_target
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from draftsmith.registry import DRAFTERS, get_spec, target_features
-
-from tiny_targets import FAMILIES, tiny_target
+from tests.helpers.tiny_targets import FAMILIES, tiny_target
 
 SMALL = {"medusa": {"num_heads": 3}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
                                                               "ttt_steps": 3}}

@@ -9,8 +9,7 @@ import torch
 
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss, ttt_masks
 from draftsmith.registry import target_features
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 STEPS, T = 3, 10
 

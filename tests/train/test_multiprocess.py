@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
+
+pytestmark = pytest.mark.slow
 
 
 def save_tiny_target(folder: Path) -> None:

@@ -12,9 +12,8 @@ from draftsmith.data.features import hidden_key
 from draftsmith.data.render import RenderedSample
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
-
-from conftest import reset_accelerate
-from tiny_targets import tiny_target
+from tests.helpers.state import reset_accelerate
+from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 

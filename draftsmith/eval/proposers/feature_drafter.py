@@ -69,13 +69,17 @@ class FeatureDrafterProposer:
         self.pending_device = device
         tokens = torch.tensor([*self.pending_tokens, root], device=device)
         n = tokens.shape[0]
+        if self.pending_features is None and self.keys is None:
+            # a one-token prompt: no target feature before the root yet; verify the root alone
+            return Tree(tokens=torch.tensor([root]), parents=torch.tensor([-1]),
+                        depths=torch.tensor([0]), is_chain=True)
         if self.pending_features is None or self.pending_features.shape[0] != n:
             raise RuntimeError("feature drafter out of step with the target (a bug)")
         positions = torch.arange(self.length, self.length + n, device=device)
         causal = torch.ones(n, n, dtype=torch.bool).tril()
         past = None if self.keys is None else (self.keys, self.values)
         hidden, logp, (k, v) = self.drafter.draft(tokens, self.pending_features, positions,
-                                                   self._mask(n, causal), past)
+                                                   self._mask(n, causal), past, last_only=True)
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
         self.length += n

@@ -2,7 +2,7 @@
 config.json, safetensors weights, the training metadata and a model card.
 
 The export is written to `OUT.partial` and renamed when complete; before the rename it is read
-back with the importer and every tensor is compared with the checkpoint's, so a layout bug fails
+back with `load.py` and every tensor is compared with the checkpoint's, so a layout bug fails
 here rather than in a serving engine.
 """
 
@@ -14,15 +14,16 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.drafter_folder import DRAFTER_CONFIG
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.card import model_card, read_eval
-from draftsmith.export.exported import ExportOptions
 from draftsmith.export.formats import formats_for_kind, get_format
-from draftsmith.export.importer import CONFIG, read_exported
+from draftsmith.export.load import CONFIG, read_exported
+from draftsmith.export.record import ExportOptions
 from draftsmith.export.source import base_model_id, cast_floats, read_checkpoint
-from draftsmith.export.validate import check_against_target, check_config_keys
-from draftsmith.export.weights import read_json, write_json
-from draftsmith.models.loading import DRAFTER_CONFIG
+from draftsmith.export.validate import check_config_keys, check_export_fits_target
+from draftsmith.export.weights import read_json
+from draftsmith.files import write_json
 
 CARD = "README.md"
 
@@ -73,9 +74,9 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_json(export_format.write(ckpt, tmp, options), tmp / CONFIG)
+    write_json(tmp / CONFIG, export_format.write(ckpt, tmp, options))
     meta = {**ckpt.meta, "export": {"format": export_format.name, "base_model": base}}
-    write_json(meta, tmp / DRAFTER_CONFIG)
+    write_json(tmp / DRAFTER_CONFIG, meta)
     if ckpt.meta.get("lora"):
         shutil.copytree(ckpt.folder / "lora", tmp / "lora")
     _check_round_trip(ckpt, tmp, options)
@@ -130,7 +131,7 @@ def check_base_model(spec: str, ckpt) -> None:
 def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> None:
     """Read the export back: it must fit the recorded target and hold the checkpoint's tensors."""
     drafter, _ = read_exported(folder)
-    check_against_target(drafter, ckpt.target_config, str(folder))
+    check_export_fits_target(drafter, ckpt.target_config, str(folder))
     check_config_keys(drafter, read_json(folder / CONFIG), str(folder))
     original = cast_floats(ckpt.tensors, options.dtype)
     for name, value in drafter.state.items():

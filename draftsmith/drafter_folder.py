@@ -1,9 +1,13 @@
-"""Loading a trained drafter folder (safetensors + draftsmith_drafter.json) for a given target,
-with the checks that catch train/serve mismatches before any decoding."""
+"""The drafter folder `draftsmith train` writes and everything else reads: `model.safetensors`
+(the drafter's tensors), `draftsmith_drafter.json` (kind, settings, the target it was trained
+for, the aux layer ids it reads, training facts) and, for Medusa-2, the LoRA adapter in `lora/`.
+This module is its one owner: writing it atomically, reading and validating it, checking it
+against a target and rebuilding the drafter module from it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +30,29 @@ class LoadedDrafter:
 
 # Target config fields every drafter is built from; a record without them cannot be checked.
 TARGET_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers")
+
+
+def write_drafter_folder(final: Path, tensors: dict, meta: dict, lora_target=None) -> Path:
+    """Write a drafter folder atomically (a temporary folder renamed into place).
+
+    Args:
+        final: the folder to create (replaced when it exists).
+        tensors: the drafter's state dict (CPU, contiguous).
+        meta: what `draftsmith_drafter.json` records (see `read_drafter_meta`).
+        lora_target: a peft-wrapped target whose adapter is saved to `lora/` (Medusa-2).
+    """
+    from safetensors.torch import save_file
+
+    tmp = final.with_name(final.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
+    if lora_target is not None:
+        lora_target.save_pretrained(tmp / "lora", safe_serialization=True)
+    (tmp / DRAFTER_CONFIG).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.replace(final)
+    return final
 
 
 def read_drafter_meta(folder: str | Path) -> dict:
@@ -94,7 +121,7 @@ def read_drafter_weights(folder: str | Path) -> dict:
                               "it or train again") from err
 
 
-def check_against_target(meta: dict, target_config) -> None:
+def check_drafter_fits_target(meta: dict, target_config) -> None:
     """Hidden size, vocab size and layer count recorded at training must match the target.
 
     Raises:
@@ -123,7 +150,7 @@ def load_drafter(folder: str | Path, target: nn.Module) -> LoadedDrafter:
 
     folder = Path(folder)
     meta = read_drafter_meta(folder)
-    check_against_target(meta, target.config)
+    check_drafter_fits_target(meta, target.config)
     spec = get_spec(meta["kind"])
     settings = dict(meta["drafter_config"])
     if meta.get("aux_layers") and "layer_ids" in settings and not settings["layer_ids"]:
@@ -133,7 +160,7 @@ def load_drafter(folder: str | Path, target: nn.Module) -> LoadedDrafter:
     expected = module.state_dict()
     missing = [k for k in expected if k not in state and not k.startswith("rotary.")]
     unexpected = [k for k in state if k not in expected]
-    if unexpected or any(not k.startswith(("embed_tokens", "lm_head")) for k in missing):
+    if unexpected or any(not k.startswith(spec.frozen_prefixes) for k in missing):
         raise DraftsmithError(f"{folder / WEIGHTS} does not fit a {meta['kind']} drafter: "
                               f"missing {missing[:5]}, unexpected {unexpected[:5]}; restore it or "
                               "train again")

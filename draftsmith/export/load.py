@@ -12,17 +12,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from draftsmith.drafter_folder import DRAFTER_CONFIG, LoadedDrafter, load_drafter
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.exported import ExportedDrafter
 from draftsmith.export.formats import detect_format
-from draftsmith.export.validate import check_against_target, check_config_keys
+from draftsmith.export.record import ExportedDrafter
+from draftsmith.export.validate import check_config_keys, check_export_fits_target
 from draftsmith.export.weights import read_json, read_weights
-from draftsmith.models.loading import DRAFTER_CONFIG, LoadedDrafter, load_drafter
+from draftsmith.registry import get_spec
 
 CONFIG = "config.json"
-# Frozen copies of the target's tensors per kind: taken from the target when an export omits them.
-FROZEN = {"eagle3": ("embed_tokens.",), "eagle1": ("embed_tokens.", "lm_head."),
-          "mtp": ("embed_tokens.", "lm_head."), "medusa": ()}
 
 
 def is_exported_folder(folder: str | Path) -> bool:
@@ -47,7 +45,7 @@ def read_exported(folder: str | Path, allow_pickle: bool = False
         raise DraftsmithError(f"{folder} is not a folder")
     if not is_exported_folder(folder):
         raise DraftsmithError(f"{folder} has no {CONFIG}: not an exported drafter (a draftsmith "
-                              "training output is loaded with draftsmith.models.loading.load_drafter)")
+                              "training output is loaded with draftsmith.drafter_folder.load_drafter)")
     config = read_json(folder / CONFIG)
     tensors = read_weights(folder, allow_pickle=allow_pickle)
     fmt = detect_format(config, set(tensors), str(folder))
@@ -65,7 +63,7 @@ def check_exported(folder: str | Path, target_config, allow_pickle: bool = False
             disagrees with the tensors, or a mismatch with the target naming both values.
     """
     drafter, _ = read_exported(folder, allow_pickle=allow_pickle)
-    check_against_target(drafter, target_config, str(folder))
+    check_export_fits_target(drafter, target_config, str(folder))
     check_config_keys(drafter, read_json(Path(folder) / CONFIG), str(folder))
     return drafter
 
@@ -80,11 +78,9 @@ def load_exported(folder: str | Path, target: nn.Module, allow_pickle: bool = Fa
     Raises:
         DraftsmithError: as `check_exported`, or tensors that do not fit the drafter module.
     """
-    from draftsmith.registry import get_spec
-
     where = str(folder)
     drafter, saved_meta = read_exported(folder, allow_pickle=allow_pickle)
-    check_against_target(drafter, target.config, where)
+    check_export_fits_target(drafter, target.config, where)
     if drafter.kind == "eagle3" and not drafter.aux_layer_ids:
         warnings.warn(f"{where} records no EAGLE-3 aux layer ids; assuming the default for this "
                       "target, which serving engines also assume", stacklevel=2)
@@ -128,7 +124,8 @@ def _load_state(module: nn.Module, drafter: ExportedDrafter, target: nn.Module, 
                 f"drafter for this target needs {list(expected[name].shape)} (draftsmith's drafter "
                 "layer mirrors the target's hidden, intermediate and head sizes)")
     missing = sorted(set(expected) - set(state))
-    not_frozen = [k for k in missing if not k.startswith(FROZEN[drafter.kind])]
+    # frozen copies of the target's tensors (registry) are taken from the target when left out
+    not_frozen = [k for k in missing if not k.startswith(get_spec(drafter.kind).frozen_prefixes)]
     if not_frozen:
         raise DraftsmithError(f"{where}: trained tensors missing from the export: {not_frozen[:5]}")
     with torch.no_grad():

@@ -10,14 +10,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from draftsmith.drafter_folder import DRAFTER_CONFIG, WEIGHTS, LoadedDrafter
 from draftsmith.eval.decode import generate
 from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
 from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
-from draftsmith.models.loading import DRAFTER_CONFIG, WEIGHTS, LoadedDrafter
 from draftsmith.registry import get_spec
-
-from tiny_targets import tiny_target
+from tests.helpers.tiny_targets import tiny_target
 
 TARGET_NAME = "test-org/tiny-target"
 # Settings per kind; EAGLE-3 gets distinct increasing layer ids (the default for 4 layers repeats).

@@ -1,0 +1,68 @@
+"""What `draftsmith eval` runs: `EvalConfig`, built by the eval CLI and by the benchmark alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.methods import ProposerSettings, check_methods
+from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.offline_models import DEFAULT_TARGET
+
+
+@dataclass
+class EvalConfig:
+    """What `draftsmith eval` runs.
+
+    Attributes:
+        target: target spec (offline name, folder, .gguf or Hub id).
+        draft_model: classic draft model spec for draft methods, or None.
+        drafter: trained drafter folder for the `drafter*` methods, or None.
+        drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
+            are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
+        dtype, device: for target and draft model (`auto`: see draftsmith.precision).
+        bench: prompt sets (mt_bench, humaneval, gsm8k).
+        limit: items per set.
+        max_new_tokens: budget per turn.
+        methods: methods in run order; the first is the speedup baseline and supplies MT-bench's
+            second-turn context.
+        sampling: temperature / top-p / seed (temperature 0 = greedy).
+        settings: proposer knobs.
+        out_dir: where eval.json and the plots go.
+        trust_remote_code: passed to model loading.
+        autotune_tree: measure this machine and pick each dynamic-tree method's depth and
+            total_tokens (replacing `settings.tree`'s for that method).
+    """
+
+    target: str = DEFAULT_TARGET
+    draft_model: str | None = None
+    drafter: str | None = None
+    drafters: tuple[tuple[str, str], ...] = ()
+    dtype: str = "auto"
+    device: str = "cpu"
+    bench: tuple[str, ...] = ("mt_bench", "humaneval", "gsm8k")
+    limit: int = 5
+    max_new_tokens: int = 128
+    methods: tuple[str, ...] = ("plain", "prompt_lookup")
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    settings: ProposerSettings = field(default_factory=ProposerSettings)
+    out_dir: str = "runs/eval"
+    trust_remote_code: bool = False
+    autotune_tree: bool = False
+
+    def __post_init__(self):
+        if self.limit < 1:
+            raise DraftsmithError(f"--limit {self.limit} must be >= 1")
+        if self.max_new_tokens < 1:
+            raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
+        if not self.methods or self.methods[0] != "plain":
+            self.methods = ("plain", *[m for m in self.methods if m != "plain"])
+        labels = [label for label, _ in self.drafters]
+        if len(set(labels)) != len(labels) or "" in labels:
+            raise DraftsmithError(f"drafter labels {labels} must be distinct and non-empty")
+        check_methods(list(self.methods), self.draft_model is not None,
+                      [label for label, _ in self.all_drafters()])
+
+    def all_drafters(self) -> list[tuple[str, str]]:
+        """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""
+        return ([("", self.drafter)] if self.drafter else []) + list(self.drafters)

@@ -1,0 +1,85 @@
+"""What verification costs on this machine: the target's forward time for n new tokens on a cached
+context, relative to one token, with the few-row linear form off and on (`draftsmith machine`).
+
+Speculative decoding pays only where a forward of n tokens costs little more than one; the curve
+is a property of the CPU/GPU, the BLAS and the dtype, so it is measured, written to a file
+(`verify_cost.json` and a plot) and reported next to the hardware it was measured on.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from draftsmith.eval.autotune import measure_verify_cost
+from draftsmith.eval.few_row_linear import few_row_limits, install_few_row_linear
+from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.precision import describe_hardware, hardware_record
+
+SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+
+
+def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
+                    context_len: int = 200, repeats: int = 7) -> dict:
+    """The verify-cost curve of `target` (a loaded `draftsmith.target.Target`) on this machine.
+
+    Returns:
+        {"hardware", "machine", "target", "context_len", "repeats", "curves": {"default": {n:
+        ms}, "few_row": {n: ms}}, "few_row_limits"} (times are the minimum over `repeats`).
+    """
+    model = target.model
+    curves = {}
+    install_few_row_linear(model, max_rows=0)
+    runner = CausalLMRunner(model, few_row_linear=False)
+    curves["default"] = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
+    install_few_row_linear(model)
+    runner = CausalLMRunner(model, few_row_linear=False)
+    curves["few_row"] = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
+    machine = hardware_record(device, target.dtype_choice)
+    return {
+        "hardware": describe_hardware(machine),
+        "machine": machine,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": target.spec,
+        "context_len": context_len,
+        "repeats": repeats,
+        "curves": {name: {n: round(s * 1e3, 2) for n, s in curve.items()}
+                   for name, curve in curves.items()},
+        "few_row_limits": few_row_limits(model),
+    }
+
+
+def format_curve(payload: dict) -> str:
+    """A markdown table: n, ms and ratio to one token, default and few-row."""
+    default, few = payload["curves"]["default"], payload["curves"]["few_row"]
+    rows = ["| new tokens | default ms | default / 1 token | few-row ms | few-row / 1 token |",
+            "|---|---|---|---|---|"]
+    one_d, one_f = default[1], few[1]
+    for n in default:
+        rows.append(f"| {n} | {default[n]:.1f} | {default[n] / one_d:.2f}x | {few[n]:.1f} | "
+                    f"{few[n] / one_f:.2f}x |")
+    return "\n".join(rows)
+
+
+def plot_curve(payload: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, label in (("default", "torch default"), ("few_row", "few-row linear (adopted)")):
+        curve = payload["curves"][name]
+        sizes = sorted(int(n) for n in curve)
+        ax.plot(sizes, [curve[n] / curve[1] for n in sizes], marker="o", label=label)
+    ax.set_xlabel("new tokens in one target forward")
+    ax.set_ylabel("time / one-token forward")
+    ax.set_title(f"{payload['target']}: verify cost, {payload['machine'].get('dtype', '?')}",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
