@@ -20,21 +20,23 @@ SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 
 
 def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
-                    context_len: int = 200, repeats: int = 7) -> dict:
+                    context_len: int = 200, repeats: int = 3, rounds: int = 4) -> dict:
     """The verify-cost curve of `target` (a loaded `draftsmith.target.Target`) on this machine.
 
     Returns:
         {"hardware", "machine", "target", "context_len", "repeats", "curves": {"default": {n:
-        ms}, "few_row": {n: ms}}, "few_row_limits"} (times are the minimum over `repeats`).
+        ms}, "few_row": {n: ms}}, "few_row_limits"}: each time is the minimum of `rounds` x
+        `repeats` timings, the two forms measured in alternation.
     """
     model = target.model
-    curves = {}
-    install_few_row_linear(model, max_rows=0)
-    runner = CausalLMRunner(model, few_row_linear=False)
-    curves["default"] = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
-    install_few_row_linear(model)
-    runner = CausalLMRunner(model, few_row_linear=False)
-    curves["few_row"] = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
+    curves: dict[str, dict[int, float]] = {"default": {}, "few_row": {}}
+    for _ in range(rounds):  # alternate the two forms so that drift of a busy machine hits both
+        for name, limit in (("default", 0), ("few_row", None)):
+            install_few_row_linear(model, max_rows=limit)
+            runner = CausalLMRunner(model, few_row_linear=False)
+            costs = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
+            for n, seconds in costs.items():
+                curves[name][n] = min(seconds, curves[name].get(n, float("inf")))
     machine = hardware_record(device, target.dtype_choice)
     return {
         "hardware": describe_hardware(machine),
@@ -42,7 +44,7 @@ def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "target": target.spec,
         "context_len": context_len,
-        "repeats": repeats,
+        "repeats": repeats * rounds,
         "curves": {name: {n: round(s * 1e3, 2) for n, s in curve.items()}
                    for name, curve in curves.items()},
         "few_row_limits": few_row_limits(model),
