@@ -25,6 +25,7 @@ import torch
 from draftsmith.eval.decode import generate
 from draftsmith.eval.proposers.base import Proposer
 from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.eval.tree import chain_tree
 
 
@@ -94,9 +95,12 @@ def autotune_tree(
     runner: CausalLMRunner,
     make_proposer: Callable[[int, int], Proposer],
     prompts: list[list[int]],
-    sizes: tuple[int, ...] = (2, 4, 8, 12, 16, 24, 32, 48, 64),
+    sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64),
     depths: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     max_new_tokens: int = 32,
+    topk: int | None = None,
+    sampling: SamplingConfig | None = None,
+    repeats: int = 5,
 ) -> TreeBudget:
     """Choose the dynamic tree's depth and `total_tokens` for this target, drafter and machine.
 
@@ -105,18 +109,27 @@ def autotune_tree(
         make_proposer: builds a tree proposer for (depth, total_tokens) (it must set
             `Tree.scores`, as the dynamic tree does).
         prompts: calibration prompts (token ids).
-        sizes: candidate budgets (draft tokens, root excluded).
+        sizes: candidate budgets (draft tokens, root excluded); `topk` is added.
         depths: candidate depths.
         max_new_tokens: tokens generated per calibration prompt.
+        topk: the tree's top-k: a tree of depth d holds at most k + (d - 1) * k^2 candidates,
+            so a larger budget is priced at that size.
+        sampling: the evaluation's sampling settings (calibrate at its temperature).
+        repeats: verify-cost timings per size (minimum taken, after the calibration warmed up).
     """
-    verify = measure_verify_cost(runner, [1, *[n + 1 for n in sizes]])
+    if topk:
+        sizes = tuple(sorted({*sizes, topk}))
     deepest = max(depths)
     recorder = _ScoreRecorder(make_proposer(deepest, max(sizes)))
     draft_seconds, steps = 0.0, 0
-    for prompt in prompts:
-        result = generate(runner, recorder, prompt, max_new_tokens)
+    for prompt in prompts:  # also warms the target's shapes up before its costs are timed
+        result = generate(runner, recorder, prompt, max_new_tokens, sampling=sampling)
         draft_seconds += result.draft_seconds
         steps += result.steps
+    priced = {d: {n: min(n, tree_capacity(d, topk)) for n in sizes} for d in depths}
+    verify = measure_verify_cost(runner, sorted({1, *[m + 1 for row in priced.values()
+                                                        for m in row.values()]}),
+                                 repeats=repeats, reduce=min)
     if not recorder.steps:
         raise ValueError("the proposer reported no node scores; autotuning needs a dynamic tree")
     t_depth = draft_seconds / max(steps, 1) / deepest
@@ -126,8 +139,17 @@ def autotune_tree(
             key = f"{d},{n}"
             # nodes are sorted best first: the n best at depth <= d
             tau[key] = 1 + statistics.fmean(
-                sum([p for p, depth in nodes if depth <= d][:n]) for nodes in recorder.steps)
-            speed[key] = tau[key] / (verify[n + 1] + d * t_depth)
+                sum([p for p, depth in nodes if depth <= d][:priced[d][n]])
+                for nodes in recorder.steps)
+            speed[key] = tau[key] / (verify[priced[d][n] + 1] + d * t_depth)
     best = max(speed, key=speed.get)
     d, n = (int(x) for x in best.split(","))
-    return TreeBudget(n, d, verify, tau, t_depth, speed)
+    return TreeBudget(priced[d][n], d, verify, tau, t_depth, speed)
+
+
+def tree_capacity(depth: int, topk: int | None) -> int:
+    """Most draft nodes an EAGLE-2 tree of `depth` rounds and top-k can hold (k + (d-1) k^2);
+    unbounded when top-k is not known."""
+    if not topk:
+        return 10**9
+    return topk + (depth - 1) * topk * topk

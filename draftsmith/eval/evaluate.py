@@ -64,7 +64,8 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
                              runner.draft_model, drafter)
 
     hidden = getattr(make(1, 1), "needs_hidden_states", False)
-    budget = autotune_tree(runner.target_runner(model, hidden), make, calibration)
+    budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
+                           topk=cfg.settings.tree.topk, sampling=cfg.sampling)
     best = f"{budget.depth},{budget.total_tokens}"
     log(f"tree for {method}: depth {budget.depth}, {budget.total_tokens} tokens "
         f"(expected tau {budget.expected_tau[best]:.2f}, drafting "

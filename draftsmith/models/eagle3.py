@@ -215,7 +215,9 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
 
     Returns:
-        (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target) and `loss_{j}`.
+        (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target over every trained
+        position: a target choice outside the draft vocabulary counts as a miss, as it is at
+        decode time, so acc and simulated tau compare with the other kinds') and `loss_{j}`.
     """
     cfg = drafter.config
     b, t = input_ids.shape
@@ -239,6 +241,7 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
             target_choice = rows.argmax(-1)
             in_vocab = drafter.t2d[target_choice]
             target_j = torch.softmax(rows[in_vocab][:, draft_ids], dim=-1)
+        trained = valid.sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
         valid[valid.clone()] = in_vocab
         count = valid.sum().clamp_min(1)
         logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[valid])).float(), dim=-1)
@@ -246,6 +249,6 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         total = total + cfg.step_weight ** j * step_loss
         hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
         metrics[f"loss_{j}"] = step_loss.detach()
-        metrics[f"acc_{j}"] = hits.sum().float() / count
+        metrics[f"acc_{j}"] = hits.sum().float() / trained
         hidden = out
     return total, metrics

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import TargetLogits, shift_left
+from draftsmith.models.layers import LABEL_SOURCES, TargetLogits, shift_left, token_loss_sum
 
 
 @dataclass
@@ -26,6 +26,9 @@ class MedusaConfig:
         lora: Medusa-2: train the target jointly through LoRA (r, alpha on attention and MLP).
         lora_r, lora_alpha: LoRA rank and alpha for Medusa-2.
         heads_weight_joint: weight of the heads' loss next to the target's own loss (Medusa-2).
+        labels: `target` (default): each head learns the target's distribution of its token
+            (soft cross-entropy: acceptance is decided by the target's choice); `data`: the
+            data's tokens (hard labels; right when the data is the target's own answers).
     """
 
     num_heads: int = 4
@@ -35,8 +38,11 @@ class MedusaConfig:
     lora_r: int = 32
     lora_alpha: int = 16
     heads_weight_joint: float = 0.2
+    labels: str = "target"
 
     def __post_init__(self):
+        if self.labels not in LABEL_SOURCES:
+            raise ValueError(f"labels={self.labels!r}: use one of {', '.join(LABEL_SOURCES)}")
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads={self.num_heads} must be >= 1 and num_layers="
                              f"{self.num_layers} >= 0")
@@ -80,9 +86,10 @@ class MedusaHeads(nn.Module):
 def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 features: torch.Tensor, target_logits_after: TargetLogits
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """sum_k w^k CE(head_k(h_t), token_{t+2+k}) over loss-masked targets; accuracy of head k is
-    its agreement with the target's own greedy choice for that token (argmax of logits t+1+k).
-    Heads run only on trained positions."""
+    """sum_k w^k CE(head_k(h_t), label of token t+2+k) over loss-masked targets, the label being
+    the target's distribution of that token (logits at t+1+k; `labels: target`) or the data's
+    token (`labels: data`). Accuracy of head k is its agreement with the target's own greedy
+    choice for that token. Heads run only on trained positions."""
     t = input_ids.shape[1]
     index = torch.arange(t, device=input_ids.device)[None]
     dtype = heads.heads[0][-1].weight.dtype
@@ -92,10 +99,11 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
         valid = (shift_left(loss_mask, 2 + k) > 0) & (index < t - 2 - k)
         count = valid.sum().clamp_min(1)
         logits = head(features[valid].to(dtype)).float()
-        labels = shift_left(input_ids, 2 + k)[valid]
-        head_loss = F.cross_entropy(logits, labels, reduction="sum") / count
+        teacher = target_logits_after(valid, 1 + k)
+        head_loss = token_loss_sum(logits, teacher, shift_left(input_ids, 2 + k)[valid],
+                                   heads.config.labels) / count
         total = total + heads.config.head_weight ** k * head_loss
-        hits = logits.argmax(-1) == target_logits_after(valid, 1 + k).argmax(-1)
+        hits = logits.argmax(-1) == teacher.argmax(-1)
         metrics[f"loss_{k}"] = head_loss.detach()
         metrics[f"acc_{k}"] = hits.sum().float() / count
     return total, metrics

@@ -11,18 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.models.layers import (
     KV,
+    LABEL_SOURCES,
     DraftDecoderLayer,
     Rotary,
     TargetLogits,
     drafter_layer_config,
     padded_causal_mask,
     shift_left,
+    token_loss_sum,
 )
 
 
@@ -33,12 +34,18 @@ class MTPConfig:
     Attributes:
         num_modules: K sequential modules (K draft tokens per step).
         step_weight: beta; module k's loss weight is beta^(k-1), normalised to sum to 1 (FastMTP).
+        labels: `target` (default): each module learns the target's distribution of its token
+            (soft cross-entropy: acceptance is decided by the target's choice); `data`: the
+            data's tokens (hard labels; right when the data is the target's own answers).
     """
 
     num_modules: int = 2
     step_weight: float = 0.6
+    labels: str = "target"
 
     def __post_init__(self):
+        if self.labels not in LABEL_SOURCES:
+            raise ValueError(f"labels={self.labels!r}: use one of {', '.join(LABEL_SOURCES)}")
         if self.num_modules < 1:
             raise ValueError(f"num_modules={self.num_modules} must be >= 1")
 
@@ -106,7 +113,8 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
              loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead), on trained
-    positions only. Accuracy of module k is agreement with the target's own greedy choice."""
+    positions only, against the target's distribution (`labels: target`) or the data's tokens
+    (`labels: data`). Accuracy of module k is agreement with the target's own greedy choice."""
     cfg = drafter.config
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
@@ -121,10 +129,11 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
         valid = (shift_left(loss_mask, k + 2) > 0) & (positions < t - k - 2)
         count = valid.sum().clamp_min(1)
         logits = drafter.module_logits(k, hidden[valid]).float()
-        labels = shift_left(input_ids, k + 2)[valid]
-        step_loss = F.cross_entropy(logits, labels, reduction="sum") / count
+        teacher = target_logits_after(valid, k + 1)
+        step_loss = token_loss_sum(logits, teacher, shift_left(input_ids, k + 2)[valid],
+                                   cfg.labels) / count
         total = total + weights[k] / norm * step_loss
-        hits = logits.argmax(-1) == target_logits_after(valid, k + 1).argmax(-1)
+        hits = logits.argmax(-1) == teacher.argmax(-1)
         metrics[f"loss_{k}"] = step_loss.detach()
         metrics[f"acc_{k}"] = hits.sum().float() / count
     return total, metrics

@@ -31,15 +31,35 @@ def steps_for_budget(seconds_per_step: float, budget_seconds: float, elapsed_sec
     return max(done_steps + 1, min(max_steps, done_steps + more))
 
 
-class StepSchedule:
-    """Linear warmup then cosine decay to zero over a total that can be fixed after it starts."""
+SCHEDULES = ("cosine", "wsd", "constant")
 
-    def __init__(self, warmup: int, total: int):
+
+class StepSchedule:
+    """LR factor per optimizer step over a total that can be fixed after the run starts.
+
+    Linear warmup, then:
+      * `cosine`: cosine decay to zero at the end;
+      * `wsd` (warmup-stable-decay): full rate until the last `decay_fraction` of the steps, then
+        linear decay to zero (a short run spends most of its steps at the peak rate);
+      * `constant`: full rate to the end.
+    """
+
+    def __init__(self, warmup: int, total: int, kind: str = "cosine", decay_fraction: float = 0.2):
+        if kind not in SCHEDULES:
+            raise ValueError(f"schedule {kind!r}: use one of {', '.join(SCHEDULES)}")
         self.warmup = warmup
         self.total = total
+        self.kind = kind
+        self.decay_fraction = decay_fraction
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / max(self.warmup, 1)
+        if self.kind == "constant":
+            return 1.0
+        if self.kind == "wsd":
+            decay_steps = max(1, round(self.decay_fraction * self.total))
+            left = self.total - step
+            return 1.0 if left > decay_steps else max(left, 0) / decay_steps
         progress = (step - self.warmup) / max(self.total - self.warmup, 1)
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))

@@ -158,7 +158,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         groups.append({"params": [p for p in target.parameters() if p.requires_grad],
                        "lr": cfg.lr / 4})
     optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps)
+    schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps, cfg.schedule, cfg.decay_fraction)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)
     # The schedule counts optimizer steps. A prepared scheduler would step once per process

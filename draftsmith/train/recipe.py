@@ -15,6 +15,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.precision import MIXED_PRECISIONS
 from draftsmith.registry import get_spec
 from draftsmith.target import DTYPE_CHOICES
+from draftsmith.train.budget import SCHEDULES
 
 
 @dataclass
@@ -51,7 +52,10 @@ class TrainSection:
         max_minutes: wall-clock budget of the training loop: after the first few steps it measures
             seconds per step on this machine and sets the run's total steps (and so the LR
             schedule) to fit, at most max_steps; a resumed run keeps that total. None = steps only.
-        warmup_steps: linear warmup before the cosine decay.
+        warmup_steps: linear warmup before the schedule.
+        schedule: `cosine` (decay to zero over the run), `wsd` (warmup-stable-decay: peak rate
+            until the last `decay_fraction` of the steps, then linear to zero) or `constant`.
+        decay_fraction: share of the steps `wsd` spends decaying.
         max_length: tokens per sequence (longer ones are truncated).
         clip: gradient norm clip (0 disables).
         mixed_precision: "auto" (bf16 where the hardware runs it fast, by the same measurement as
@@ -74,6 +78,8 @@ class TrainSection:
     max_steps: int = 200
     max_minutes: float | None = None
     warmup_steps: int = 20
+    schedule: str = "cosine"
+    decay_fraction: float = 0.2
     max_length: int = 512
     clip: float = 0.5
     mixed_precision: str = "auto"
@@ -91,6 +97,11 @@ class TrainSection:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
+        if self.schedule not in SCHEDULES:
+            raise DraftsmithError(f"train.schedule={self.schedule!r}: use one of "
+                                  f"{', '.join(SCHEDULES)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise DraftsmithError(f"train.decay_fraction={self.decay_fraction} must be in (0, 1]")
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
         if self.mixed_precision not in MIXED_PRECISIONS:

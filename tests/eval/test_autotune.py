@@ -33,3 +33,18 @@ def test_autotune_picks_depth_and_size_and_expected_tau_grows_with_both():
     best = max(budget.expected_tokens_per_second, key=budget.expected_tokens_per_second.get)
     assert best == f"{budget.depth},{budget.total_tokens}"
     assert budget.draft_seconds_per_depth > 0
+
+
+def test_budgets_beyond_a_trees_capacity_are_priced_at_its_capacity():
+    from draftsmith.eval.autotune import tree_capacity
+
+    assert [tree_capacity(d, 3) for d in (1, 2, 3)] == [3, 12, 21]
+    target = tiny_target("llama")
+    budget = autotune_tree(
+        CausalLMRunner(target),
+        lambda depth, total: DraftModelTreeProposer(target, dynamic=DynamicTreeConfig(2, depth,
+                                                                                     total)),
+        [list(range(5, 25))], sizes=(4, 8), depths=(1,), max_new_tokens=8, topk=2)
+    assert budget.depth == 1 and budget.total_tokens == 2  # depth 1 of top-2 holds 2 nodes
+    assert budget.expected_tau["1,8"] == budget.expected_tau["1,2"]
+    assert set(budget.verify_seconds) == {1, 3}  # only the sizes that can occur were timed

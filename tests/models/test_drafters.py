@@ -98,3 +98,23 @@ def test_fp32_drafter_trains_on_bf16_target_features(kind):
     assert torch.isfinite(loss)
     grads = [p.grad for p in drafter.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_label_sources_of_medusa_and_mtp():
+    """labels: target is soft cross-entropy against the target's distribution (hand-computed
+    here), labels: data is cross-entropy on the data's tokens; anything else is refused."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.models.layers import token_loss_sum
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
+    teacher = torch.tensor([[0.0, 3.0, 0.0], [1.0, 0.0, 0.0]])
+    tokens = torch.tensor([0, 2])
+    p = teacher.softmax(-1)
+    expected = -(p * logits.log_softmax(-1)).sum()
+    torch.testing.assert_close(token_loss_sum(logits, teacher, tokens, "target"), expected)
+    torch.testing.assert_close(token_loss_sum(logits, teacher, tokens, "data"),
+                               torch.nn.functional.cross_entropy(logits, tokens, reduction="sum"))
+    for kind in ("medusa", "mtp"):
+        assert get_spec(kind).make_config().labels == "target"
+        with pytest.raises(DraftsmithError, match="labels='gold': use one of target, data"):
+            get_spec(kind).make_config({"labels": "gold"})

@@ -155,3 +155,14 @@ def test_simulated_tau_arithmetic():
     assert simulated_tau([]) == 1.0
     assert simulated_tau([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
     assert simulated_tau([1.0, 0.0, 1.0]) == 2.0
+
+
+def test_schedules_shape_the_learning_rate():
+    from draftsmith.train.budget import StepSchedule
+
+    cosine, wsd, constant = (StepSchedule(2, 10, kind) for kind in ("cosine", "wsd", "constant"))
+    assert [round(cosine(s), 3) for s in (0, 1, 2, 10)] == [0.5, 1.0, 1.0, 0.0]
+    assert [wsd(s) for s in (0, 1, 2, 7, 8, 9, 10)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0]
+    assert [constant(s) for s in (2, 9, 10)] == [1.0, 1.0, 1.0]
+    with pytest.raises(DraftsmithError, match="train.schedule='linear': use one of cosine"):
+        build_recipe({"drafter": {"kind": "eagle3"}, "train": {"schedule": "linear"}})
