@@ -113,6 +113,12 @@ def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str],
     """`--drafter DIR` (once) or `--drafter LABEL=DIR` (any number) -> (DIR or None, pairs)."""
     single = [v for v in values if "=" not in v]
     named = tuple(tuple(v.split("=", 1)) for v in values if "=" in v)
+    for value in values:
+        label, sep, folder = value.rpartition("=") if "=" in value else ("", "", value)
+        if not folder.strip() or (sep and not label.strip()):
+            missing = "folder" if not folder.strip() else "label"
+            raise DraftsmithError(f"--drafter {value!r} names no {missing}; "
+                                  "write --drafter DIR, or --drafter LABEL=DIR with both parts")
     if len(single) > 1 or (single and named):
         raise DraftsmithError("give one --drafter DIR, or name each drafter: --drafter LABEL=DIR "
                               "(methods then take @LABEL, e.g. drafter_dynamic@eagle1)")

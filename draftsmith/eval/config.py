@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from draftsmith.data.prompts import SOURCES as PROMPT_SETS
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import ProposerSettings, check_methods
 from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.target import DTYPE_CHOICES, resolve_device
 
 
 @dataclass
@@ -57,11 +60,28 @@ class EvalConfig:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
         if not self.methods or self.methods[0] != "plain":
             self.methods = ("plain", *[m for m in self.methods if m != "plain"])
+        if self.dtype not in DTYPE_CHOICES:
+            raise DraftsmithError(f"--dtype {self.dtype!r} is not supported; choose one of: "
+                                  f"{', '.join(DTYPE_CHOICES)}")
+        resolve_device(self.device)
+        unknown = [name for name in self.bench if name not in PROMPT_SETS]
+        if unknown or not self.bench:
+            problem = f"unknown prompt set(s) {unknown}" if unknown else "no prompt set"
+            raise DraftsmithError(f"--bench {','.join(self.bench)!r}: {problem}; choose from: "
+                                  f"{', '.join(PROMPT_SETS)}")
         labels = [label for label, _ in self.drafters]
         if len(set(labels)) != len(labels) or "" in labels:
             raise DraftsmithError(f"drafter labels {labels} must be distinct and non-empty")
         check_methods(list(self.methods), self.draft_model is not None,
                       [label for label, _ in self.all_drafters()])
+        for label, folder in self.all_drafters():
+            flag = f"--drafter {label}={folder}" if label else f"--drafter {folder}"
+            if not Path(folder).exists():
+                raise DraftsmithError(f"{flag}: {folder} does not exist; pass OUTPUT_DIR/drafter "
+                                      "written by `draftsmith train`, or an export folder")
+            if not Path(folder).is_dir():
+                raise DraftsmithError(f"{flag}: {folder} is a file, not a drafter folder; pass the "
+                                      "folder that holds it")
 
     def all_drafters(self) -> list[tuple[str, str]]:
         """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""
