@@ -7,7 +7,8 @@ from pathlib import Path
 
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import split_method
+from draftsmith.eval.methods import check_methods, split_method
+from draftsmith.target import DTYPE_CHOICES
 
 
 @dataclass
@@ -41,6 +42,34 @@ class EvalSection:
     tree: dict = field(default_factory=lambda: {"topk": 3, "depth": 4, "total_tokens": 8})
     autotune_tree: bool = False  # pick depth and size per dynamic-tree method on this machine
     methods: dict = field(default_factory=dict)  # method -> display name, in run order
+
+    def __post_init__(self):
+        """Checked when the file is read, not hours later when the evaluation starts."""
+        from draftsmith.data.prompts import SOURCES
+
+        unknown = [name for name in self.bench if name not in SOURCES] if isinstance(
+            self.bench, list) else [self.bench]
+        if unknown or not self.bench:
+            raise DraftsmithError(f"eval.bench = {self.bench!r}: list one or more of: "
+                                  f"{', '.join(SOURCES)}")
+        for name in ("limit", "max_new_tokens", "num_draft_tokens", "lookup_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value < 1:
+                raise DraftsmithError(f"eval.{name} = {value!r}: must be an integer >= 1")
+        if not isinstance(self.temperatures, list) or not self.temperatures or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
+                for t in self.temperatures):
+            raise DraftsmithError(f"eval.temperatures = {self.temperatures!r}: list one or more "
+                                  "numbers >= 0 (0 = greedy), e.g. [0.0, 1.0]")
+        keys = {"topk", "depth", "total_tokens"}
+        if not isinstance(self.tree, dict) or set(self.tree) != keys or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                for v in self.tree.values()):
+            raise DraftsmithError(f"eval.tree = {self.tree!r}: give topk, depth and total_tokens, "
+                                  "each an integer >= 1, e.g. {topk: 3, depth: 4, total_tokens: 8}")
+        if not isinstance(self.methods, dict):
+            raise DraftsmithError(f"eval.methods = {self.methods!r}: map each method to its "
+                                  "display name, e.g. {prompt_lookup: prompt lookup}")
 
 
 @dataclass
@@ -100,6 +129,9 @@ def load_bench_config(path: str | Path) -> BenchConfig:
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
+    if config.dtype not in DTYPE_CHOICES:
+        raise DraftsmithError(f"{path}: dtype = {config.dtype!r}: choose one of: "
+                              f"{', '.join(DTYPE_CHOICES)}")
     labels = {k.label for k in entries}
     for method in [*evaluation.methods, *config.bars, *config.expected_order]:
         if method not in evaluation.methods:
@@ -109,4 +141,9 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "
                                   f"({', '.join(sorted(labels))})")
+    try:
+        check_methods(["plain", *evaluation.methods], evaluation.draft_model is not None, labels)
+    except DraftsmithError as err:
+        message = str(err).replace("add --draft-model", "set eval.draft_model")
+        raise DraftsmithError(f"{path}: eval.methods: {message}") from None
     return config
