@@ -59,12 +59,28 @@ def cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def cmd_data_info(args: argparse.Namespace) -> int:
-    from draftsmith.data.shards import read_manifest
+    from pathlib import Path
 
-    manifest = read_manifest(args.path)
+    from draftsmith.data.shards import MANIFEST, read_manifest
+
+    folder = Path(args.path)
+    if not folder.is_dir():
+        state = "is a file" if folder.exists() else "does not exist"
+        raise DraftsmithError(f"{folder} {state}; pass the regenerated/ or cache/ folder inside a "
+                              "`draftsmith data run` data.out_dir")
+    manifest = read_manifest(folder)
     if manifest is None:
-        raise DraftsmithError(f"{args.path} holds no manifest.json: not a regeneration folder or "
-                              "a hidden-state cache")
+        inside = [sub for sub in ("regenerated", "cache") if (folder / sub / MANIFEST).is_file()]
+        fix = (f"pass {' or '.join(str(folder / sub) for sub in inside)}" if inside else
+               "pass the regenerated/ or cache/ folder inside a `draftsmith data run` "
+               "data.out_dir")
+        raise DraftsmithError(f"{folder} holds no {MANIFEST}: not a regeneration folder or a "
+                              f"hidden-state cache; {fix}")
+    if manifest.get("kind") not in ("feature_cache", "regenerated") or \
+            not isinstance(manifest.get("settings"), dict):
+        raise DraftsmithError(f"{folder / MANIFEST} is not a manifest of `draftsmith data run` "
+                              f"(kind {manifest.get('kind')!r}); pass a regenerated/ or cache/ "
+                              "folder")
     shards = manifest["shards"]
     settings = manifest["settings"]
     target = settings["target"]
@@ -93,6 +109,25 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _max_length(text: str) -> int:
+    """argparse type of --max-length: an integer >= 16, as data.max_length."""
+    value = _positive_int(text)
+    if value < 16:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 16 (e.g. 2048)")
+    return value
+
+
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `data` verb and its actions to a `parser.add_subparsers()` object."""
     from draftsmith.offline_models import DEFAULT_TARGET
@@ -105,7 +140,7 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="a recipe YAML, e.g. recipes/data/*.yaml")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                      help="recipe overrides, e.g. data.limit=64 data.regenerate.max_new_tokens=128")
-    run.add_argument("--stop-after-shards", type=int, default=None,
+    run.add_argument("--stop-after-shards", type=_positive_int, default=None,
                      help="stop each sharded step after N new shards (run again to resume)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
     run.set_defaults(func=cmd_data_run)
@@ -117,8 +152,9 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     show.add_argument("--source", default="sharegpt", help="sharegpt, a .json/.jsonl file, a "
                       "folder or a Hub dataset id")
     show.add_argument("--split", default="train")
-    show.add_argument("--limit", type=int, default=2)
-    show.add_argument("--max-length", type=int, default=2048)
+    show.add_argument("--limit", type=_positive_int, default=2, help="conversations to show")
+    show.add_argument("--max-length", type=_max_length, default=2048,
+                      help="tokens per conversation (>= 16; longer ones are truncated)")
     show.add_argument("--chat-template", default=None, help="Jinja template text or .jinja file")
     show.set_defaults(func=cmd_data_show)
 

@@ -27,7 +27,7 @@ from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml
 from draftsmith.data.features import FEATURE_KINDS
 from draftsmith.errors import DraftsmithError
 from draftsmith.offline_models import DEFAULT_TARGET
-from draftsmith.target import DTYPE_CHOICES
+from draftsmith.target import DTYPE_CHOICES, resolve_device
 
 FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -102,8 +102,13 @@ class CacheConfig:
         p = "data.cache"
         if isinstance(self.kinds, str):
             self.kinds = (self.kinds,)
+        _require(isinstance(self.kinds, (list, tuple)), f"{p}.kinds", self.kinds,
+                 f"list one or more of: {', '.join(FEATURE_KINDS)}")
         self.kinds = tuple(self.kinds)
-        self.aux_layers = tuple(self.aux_layers or ())
+        aux = self.aux_layers
+        _require(aux is None or isinstance(aux, (list, tuple)), f"{p}.aux_layers", aux,
+                 "list 0-based layer ids (integers >= 0), e.g. [1, 14, 26]")
+        self.aux_layers = tuple(aux or ())
         _require(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                      for i in self.aux_layers), f"{p}.aux_layers", list(self.aux_layers),
                  "list 0-based layer ids (integers >= 0)")
@@ -190,6 +195,12 @@ class TargetConfig:
                  f"choose one of: {', '.join(DTYPE_CHOICES)}")
         _require(isinstance(self.device, str) and bool(self.device), "target.device",
                  self.device, "use cpu, cuda, cuda:N or auto")
+        try:
+            resolve_device(self.device)
+        except DraftsmithError as err:
+            message = str(err).replace(f"--device {self.device!r}",
+                                       f"target.device = {self.device!r}", 1)
+            raise DraftsmithError(message.replace("--device cpu", "target.device=cpu")) from None
         _require(isinstance(self.trust_remote_code, bool), "target.trust_remote_code",
                  self.trust_remote_code, "must be true or false")
 

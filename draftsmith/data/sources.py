@@ -215,12 +215,21 @@ def read_hf_dataset(spec: str, split: str) -> Iterable[dict]:
                 loaded = loaded[split]
             return loaded
         return datasets.load_dataset(str(path) if path.is_dir() else spec, split=split)
-    except (OSError, ValueError) as err:
-        hint = ("a local file or folder, or `sharegpt` for the offline ShareGPT set"
-                if not path.exists() else "the folder's data files and the split name")
+    except datasets.exceptions.DatasetGenerationError as err:
+        if not path.is_dir():
+            raise
+        detail = (str(err.__cause__ or err).strip().splitlines() or [""])[0][:160]
         raise DraftsmithError(
-            f"could not load dataset {spec!r} (split {split!r}): {err}. "
-            f"Without a network use {hint}."
+            f"{path} is not a data folder: it has no manifest.json of `draftsmith data run` "
+            "regeneration and its files are not a dataset `datasets` can read "
+            f"({detail}); pass a .json/.jsonl file of conversations, a "
+            "regenerated/ folder, or a folder saved with `Dataset.save_to_disk`") from None
+    except (OSError, ValueError) as err:
+        hint = ("Without a network use a local file or folder, or `sharegpt` for the offline "
+                "ShareGPT set" if not path.exists() else
+                "Check the folder's data files and the split name, or pass a .json/.jsonl file")
+        raise DraftsmithError(
+            f"could not load dataset {spec!r} (split {split!r}): {err}. {hint}."
         ) from err
 
 
