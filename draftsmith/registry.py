@@ -60,18 +60,37 @@ class Features:
             rows = self.head(self.last_hidden[needed].to(self.head.weight.dtype))
         return row_of, rows
 
+    def _rows_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+        row_of, _ = self._trained_rows
+        index = shift_left(row_of, shift, -1)[valid]
+        if bool((index < 0).any()):
+            raise ValueError("target logits requested at a position whose next token is not "
+                             "trained")
+        return index
+
     def logits_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
         """Target logits (m, V) at i + shift for each position i set in `valid` (a TargetLogits).
 
         Raises:
             ValueError: a requested position is not a trained one (a loss asked for the wrong row).
         """
-        row_of, rows = self._trained_rows
-        index = shift_left(row_of, shift, -1)[valid]
-        if bool((index < 0).any()):
-            raise ValueError("target logits requested at a position whose next token is not "
-                             "trained")
-        return rows[index]
+        return self._trained_rows[1][self._rows_after(valid, shift)]
+
+    __call__ = logits_after  # the features are themselves a TargetLogits (with `.restricted`)
+
+    def restricted(self, columns: torch.Tensor):
+        """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
+        and their full-vocabulary argmax, sliced and reduced once for the whole batch (EAGLE-3's
+        draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step)."""
+        _, rows = self._trained_rows
+        with torch.no_grad():
+            sliced, choice = rows[:, columns], rows.argmax(-1)
+
+        def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+            index = self._rows_after(valid, shift)
+            return sliced[index], choice[index]
+
+        return after
 
 
 @dataclass(frozen=True)
@@ -172,7 +191,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle3Drafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.aux_hidden, f.logits_after),
+                                          f.aux_hidden, f),
             proposer="feature",
             tree_shapes=("dynamic", "chain", "static"),
             frozen_prefixes=("embed_tokens.",),

@@ -20,6 +20,7 @@ from draftsmith.models.layers import (
     Rotary,
     TargetLogits,
     drafter_layer_config,
+    restrict_target_logits,
     shift_left,
 )
 
@@ -226,6 +227,7 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     draft_ids = drafter.draft_ids()
 
     masks = ttt_masks(attention_mask, cfg.ttt_steps)
+    teacher = restrict_target_logits(target_logits_after, draft_ids)
     hidden = drafter.fuse(aux_hidden)
     cache: list[KV] = []
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -237,10 +239,9 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         cache = [*cache, kv]
         valid = (shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j)
         with torch.no_grad():
-            rows = target_logits_after(valid, 1 + j).float()
-            target_choice = rows.argmax(-1)
+            rows, target_choice = teacher(valid, 1 + j)
             in_vocab = drafter.t2d[target_choice]
-            target_j = torch.softmax(rows[in_vocab][:, draft_ids], dim=-1)
+            target_j = torch.softmax(rows[in_vocab].float(), dim=-1)
         trained = valid.sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
         valid[valid.clone()] = in_vocab
         count = valid.sum().clamp_min(1)

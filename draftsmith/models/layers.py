@@ -33,6 +33,27 @@ def dense_target_logits(logits: torch.Tensor) -> TargetLogits:
     return lambda valid, shift: shift_left(logits, shift)[valid]
 
 
+# restricted(valid, shift): (the target's logits over a column subset (m, C), its full-vocabulary
+# argmax (m,)) at i + shift for every i set in `valid`: what EAGLE-3 reads of the teacher.
+RestrictedTargetLogits = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def restrict_target_logits(target_logits_after: TargetLogits, columns: torch.Tensor
+                           ) -> RestrictedTargetLogits:
+    """The target's logits over `columns` and its argmax, from a TargetLogits. One that offers
+    `.restricted(columns)` (the training features) slices and argmaxes its rows once per batch
+    instead of once per call; the values are the same."""
+    restricted = getattr(target_logits_after, "restricted", None)
+    if restricted is not None:
+        return restricted(columns)
+
+    def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = target_logits_after(valid, shift)
+        return rows[:, columns], rows.argmax(-1)
+
+    return after
+
+
 def drafter_layer_config(target_config, **overrides) -> LlamaConfig:
     """A one-layer Llama config mirroring the target's shapes, RoPE and norm eps."""
     head_dim = getattr(target_config, "head_dim", None) or (
