@@ -44,6 +44,7 @@ from draftsmith.data.features import (
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
 from draftsmith.data.shards import (
+    MANIFEST,
     budget_spent,
     done_shards,
     open_run,
@@ -251,6 +252,7 @@ class FeatureCache:
                 "for another. Rebuild the cache with this target (`draftsmith data run` with its "
                 "recipe), or train with the target that made it."
             )
+        cache.check_shards()
         missing = sorted(set(layers or ()) - set(cache.layers))
         if missing:
             raise DraftsmithError(
@@ -259,6 +261,37 @@ class FeatureCache:
                 f"kind (it was built for {', '.join(manifest['kinds'])})"
             )
         return cache
+
+    def check_shards(self) -> None:
+        """Every shard the manifest lists is on disk with the size it was written with.
+
+        Raises:
+            DraftsmithError: a listed shard is missing or has another size (truncated or
+                overwritten); the message names the file and says how to rebuild the cache.
+        """
+        fix = f"delete {self.folder} and run `draftsmith data run` again to rebuild the cache"
+        for shard in self.shards:
+            path = self.folder / shard["file"]
+            if not path.is_file():
+                raise DraftsmithError(f"the cache at {self.folder} is damaged: {shard['file']} is "
+                                      f"listed in {MANIFEST} but missing; {fix}")
+            size = path.stat().st_size
+            if size != shard["bytes"]:
+                raise DraftsmithError(
+                    f"the cache at {self.folder} is damaged: {shard['file']} has {size:,} bytes "
+                    f"but was written with {shard['bytes']:,} (truncated or overwritten); {fix}")
+
+    def _open_shard(self, shard: dict):
+        """`safe_open` of one shard; a file that does not parse is a clear error."""
+        from safetensors import SafetensorError
+
+        try:
+            return safe_open(self.folder / shard["file"], framework="pt")
+        except (SafetensorError, OSError) as err:
+            raise DraftsmithError(
+                f"the cache at {self.folder} is damaged: {shard['file']} is not readable "
+                f"safetensors ({err}); delete {self.folder} and run `draftsmith data run` again"
+            ) from None
 
     @property
     def identity(self) -> TargetIdentity:
@@ -308,7 +341,7 @@ class FeatureCache:
             rng.shuffle(shards)
         position = 0
         for shard in shards:
-            with safe_open(self.folder / shard["file"], framework="pt") as handle:
+            with self._open_shard(shard) as handle:
                 lengths = handle.get_tensor("lengths").tolist()
                 offsets = [0]
                 for length in lengths:
@@ -347,7 +380,7 @@ class FeatureCache:
         """How often each target token id occurs where the loss mask is 1. (V,) int64"""
         counts = torch.zeros(self.manifest["vocab_size"], dtype=torch.int64)
         for shard in self.shards:
-            with safe_open(self.folder / shard["file"], framework="pt") as handle:
+            with self._open_shard(shard) as handle:
                 ids = handle.get_tensor("input_ids").long()
                 mask = handle.get_tensor("loss_mask").bool()
             counts += torch.bincount(ids[mask], minlength=counts.numel())

@@ -19,9 +19,24 @@ MANIFEST = "manifest.json"
 
 
 def read_manifest(folder: Path) -> dict | None:
-    """The folder's manifest, or None when there is none."""
+    """The folder's manifest, or None when there is none.
+
+    Raises:
+        DraftsmithError: the manifest is not valid JSON or not a JSON object (a damaged file:
+            the run's shards cannot be trusted, so the message says to start over).
+    """
     path = Path(folder) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    fix = f"delete {folder} and run `draftsmith data run` again to rebuild it"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DraftsmithError(f"{path} is damaged (not valid JSON: {err}); {fix}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise DraftsmithError(f"{path} is damaged (not a draftsmith manifest with a shard list); "
+                              f"{fix}")
+    return manifest
 
 
 def _normalized(value):

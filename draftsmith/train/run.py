@@ -14,18 +14,67 @@ def read_tokenized(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DraftsmithError(f"data.tokenized file {path} does not exist")
+    fix = ("rewrite the file, or delete it and run `draftsmith data run` again (the data "
+           "pipeline writes OUT_DIR/tokenized.jsonl)")
     examples = []
-    with open(path) as handle:
+    with open(path, encoding="utf-8", errors="replace") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "input_ids" not in row or "loss_mask" not in row or \
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                raise DraftsmithError(f"{path}:{number} is not valid JSON ({err}); "
+                                      f"{fix}") from None
+            if not isinstance(row, dict) or not _token_list(row.get("input_ids")) or \
+                    not _token_list(row.get("loss_mask")) or \
                     len(row["input_ids"]) != len(row["loss_mask"]):
-                raise DraftsmithError(f"{path}:{number}: each line needs input_ids and loss_mask "
-                                      "of equal length")
+                raise DraftsmithError(f"{path}:{number}: each line needs input_ids and loss_mask: "
+                                      f"lists of integers of equal length; {fix}")
             examples.append({"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]})
     return examples
+
+
+def _token_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def read_draft_vocab(path: Path, vocab_size: int):
+    """The data's EAGLE-3 draft vocabulary (None when there is no file), checked against the
+    target: t2d has one entry per target token, d2t one per chosen token, and every draft id
+    maps to a target id that t2d marks.
+
+    Raises:
+        DraftsmithError: the file is damaged or was built for another vocabulary.
+    """
+    from safetensors import SafetensorError
+
+    from draftsmith.data.draft_vocab import load_draft_vocab
+
+    if not path.is_file():
+        return None
+    fix = (f"delete {path} and run `draftsmith data run` again (with data.draft_vocab_size set) "
+           "to rebuild it for this target")
+    try:
+        vocab = load_draft_vocab(path)
+    except (SafetensorError, OSError) as err:
+        raise DraftsmithError(f"{path} is damaged (not readable safetensors: {err}); "
+                              f"{fix}") from None
+    if vocab.t2d.dim() != 1 or vocab.t2d.numel() != vocab_size:
+        raise DraftsmithError(f"{path} is for a vocabulary of {vocab.t2d.numel():,} tokens (t2d "
+                              f"shape {list(vocab.t2d.shape)}) but the target has {vocab_size:,}; "
+                              f"{fix}")
+    chosen = int(vocab.t2d.sum())
+    consistent = vocab.d2t.dim() == 1 and vocab.d2t.numel() == chosen
+    if consistent and chosen:
+        mapped = vocab.draft_to_target
+        consistent = (int(mapped.min()) >= 0 and int(mapped.max()) < vocab_size
+                      and bool(vocab.t2d.bool()[mapped].all()))
+    if not consistent:
+        raise DraftsmithError(f"{path} is inconsistent: d2t (shape {list(vocab.d2t.shape)}) does "
+                              f"not map onto the {chosen:,} tokens t2d marks; {fix}")
+    return vocab
 
 
 def data_recipe(recipe: Recipe):
@@ -50,7 +99,6 @@ def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], obj
     (on the main process first; it resumes and skips finished work) and its rendered output is
     read back. `target` is the loaded `draftsmith.target.Target` (loaded once for everything).
     """
-    from draftsmith.data.draft_vocab import load_draft_vocab
     from draftsmith.data.pipeline import run_data_recipe
 
     data = dict(recipe.data)
@@ -65,8 +113,8 @@ def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], obj
     if not tokenized.is_file():
         raise DraftsmithError(f"the data pipeline did not finish ({tokenized} is missing); "
                               "run the training command again to resume it")
-    vocab_path = out_dir / "draft_vocab.safetensors"
-    vocab = load_draft_vocab(vocab_path) if vocab_path.is_file() else None
+    vocab = read_draft_vocab(out_dir / "draft_vocab.safetensors",
+                             int(target.model.config.get_text_config().vocab_size))
     if recipe.train.features == "offline":
         return read_cache(recipe, out_dir / "cache", target), vocab
     return read_tokenized(tokenized), vocab

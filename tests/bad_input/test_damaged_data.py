@@ -1,0 +1,99 @@
+"""Damaged data folders end in one clear error each, never a short or silent training run
+(issue #18): a cache shard truncated or deleted behind the manifest's back, a manifest that is not
+JSON, a tokenized.jsonl with a bad line, a draft vocabulary for another vocabulary or damaged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab
+from draftsmith.data.render import RenderedSample
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.run import read_draft_vocab, read_tokenized
+from tests.helpers.cli import assert_refused, run_cli
+from tests.helpers.tiny_targets import tiny_target
+from tests.helpers.tiny_tokenizers import char_tokenizer
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A finished 3-shard hidden-state cache of a tiny target."""
+    samples = [RenderedSample(list(range(2, 18)), [0] * 4 + [1] * 12, f"s{i}") for i in range(3)]
+    folder = tmp_path / "cache"
+    build_feature_cache(tiny_target("llama"), char_tokenizer(), samples, folder, kinds=["eagle1"],
+                        dtype="float32", shard_tokens=16, progress=False)
+    assert len(list(FeatureCache.open(folder).iter_samples())) == 3
+    return folder
+
+
+def test_a_truncated_cache_shard_is_refused(cache):
+    shard = cache / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DraftsmithError, match=r"cache at .* is damaged: shard-00001.safetensors "
+                                              r"has 100 bytes but was written with [\d,]+ .*"
+                                              r"run `draftsmith data run` again"):
+        FeatureCache.open(cache)
+
+
+def test_a_deleted_cache_shard_is_refused(cache):
+    (cache / "shard-00002.safetensors").unlink()
+    with pytest.raises(DraftsmithError, match=r"shard-00002.safetensors is listed in manifest.json "
+                                              r"but missing; delete .*cache and run"):
+        FeatureCache.open(cache)
+
+
+def test_a_cache_shard_overwritten_with_the_same_size_is_refused_when_read(cache):
+    shard = cache / "shard-00000.safetensors"
+    shard.write_bytes(b"\xff" * shard.stat().st_size)
+    with pytest.raises(DraftsmithError, match="shard-00000.safetensors is not readable safetensors"):
+        list(FeatureCache.open(cache).iter_samples())
+
+
+def test_a_manifest_that_is_not_json_is_refused(cache):
+    (cache / "manifest.json").write_text('{"kind": "feature_cache", "shards": [')
+    with pytest.raises(DraftsmithError, match=r"manifest.json is damaged \(not valid JSON"):
+        FeatureCache.open(cache)
+    assert_refused(run_cli(["data", "info", str(cache)]), "manifest.json is damaged",
+                   "run `draftsmith data run` again")
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"input_ids": [5, 6], "loss_mask": [0', r"tokenized.jsonl:2 is not valid JSON"),
+    ("[5, 6]", r"tokenized.jsonl:2: each line needs input_ids and loss_mask"),
+    ('{"input_ids": "ab", "loss_mask": "cd"}', r"tokenized.jsonl:2: .*lists of integers"),
+    ('{"input_ids": [5, 6], "loss_mask": [1]}', r"tokenized.jsonl:2: .*of equal length"),
+])
+def test_a_bad_tokenized_line_is_refused_with_its_number(tmp_path, line, message):
+    path = tmp_path / "tokenized.jsonl"
+    path.write_text('{"input_ids": [3, 4], "loss_mask": [0, 1]}\n' + line + "\n")
+    with pytest.raises(DraftsmithError, match=message + r".*`draftsmith data run` again"):
+        read_tokenized(path)
+
+
+def _vocab(vocab_size=128, draft=16):
+    return build_draft_vocab(torch.arange(vocab_size, dtype=torch.int64), draft)
+
+
+def test_a_draft_vocab_of_another_size_is_refused(tmp_path):
+    path = save_draft_vocab(_vocab(), tmp_path / "draft_vocab.safetensors")
+    assert read_draft_vocab(path, 128).d2t.numel() == 16
+    with pytest.raises(DraftsmithError, match=r"vocabulary of 128 tokens .* but the target has "
+                                              r"49,152; delete .*draft_vocab.safetensors"):
+        read_draft_vocab(path, 49152)
+    assert read_draft_vocab(tmp_path / "none.safetensors", 128) is None
+
+
+def test_a_damaged_or_inconsistent_draft_vocab_is_refused(tmp_path):
+    path = tmp_path / "draft_vocab.safetensors"
+    save_draft_vocab(_vocab(), path)
+    path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(DraftsmithError, match=r"draft_vocab.safetensors is damaged"):
+        read_draft_vocab(path, 128)
+    vocab = _vocab()
+    save_file({"d2t": vocab.d2t[:10].contiguous(), "t2d": vocab.t2d}, str(path))
+    with pytest.raises(DraftsmithError, match=r"inconsistent: d2t \(shape \[10\]\) does not map "
+                                              r"onto the 16 tokens t2d marks"):
+        read_draft_vocab(path, 128)
