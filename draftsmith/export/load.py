@@ -42,10 +42,15 @@ def read_exported(folder: str | Path, allow_pickle: bool = False
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise DraftsmithError(f"{folder} is not a folder")
+        state = "is a file" if folder.exists() else "does not exist"
+        raise DraftsmithError(f"{folder} {state}; pass the folder `draftsmith export --out` wrote "
+                              "(or a published drafter's folder)")
     if not is_exported_folder(folder):
-        raise DraftsmithError(f"{folder} has no {CONFIG}: not an exported drafter (a draftsmith "
-                              "training output is loaded with draftsmith.drafter_folder.load_drafter)")
+        own = (folder / DRAFTER_CONFIG).is_file()
+        fix = (f"it is a draftsmith training output: export it first with `draftsmith export "
+               f"{folder} --format FORMAT --out DIR`, then check DIR" if own else
+               "pass the folder `draftsmith export --out` wrote")
+        raise DraftsmithError(f"{folder} has no {CONFIG}: not an exported drafter; {fix}")
     config = read_json(folder / CONFIG)
     tensors = read_weights(folder, allow_pickle=allow_pickle)
     fmt = detect_format(config, set(tensors), str(folder))

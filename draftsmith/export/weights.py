@@ -40,8 +40,9 @@ def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, to
         names = ", ".join(p.name for p in pickles)
         raise DraftsmithError(
             f"{folder} only has pickle checkpoint(s) ({names}); loading a pickle can run arbitrary "
-            "code, so draftsmith refuses it. Convert it to safetensors, or pass allow_pickle=True "
-            "(tensors only, torch.load(weights_only=True)) if you trust the file")
+            "code, so draftsmith refuses it. Convert it to safetensors, or pass --allow-pickle "
+            "(allow_pickle=True: tensors only, torch.load(weights_only=True)) if you trust the "
+            "file")
     tensors: dict[str, torch.Tensor] = {}
     for path in safe or pickles:
         part = _load_safetensors(path) if path.suffix == ".safetensors" else _load_pickle(path)
@@ -68,11 +69,21 @@ def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, ... for unsafe content
-        raise DraftsmithError(f"{path} could not be read as plain tensors ({err}); only state "
-                              "dicts of tensors are accepted") from err
+        raise DraftsmithError(f"{path} could not be read as plain tensors ({_reason(err)}); only "
+                              "state dicts of tensors are accepted: convert it to safetensors "
+                              "where you trust it") from err
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DraftsmithError(f"{path} is not a state dict of tensors")
     return state
+
+
+def _reason(err: Exception) -> str:
+    """One line of why torch's weights-only unpickler refused a file (its message spans many
+    lines and suggests `weights_only=False`, which draftsmith never does)."""
+    text = str(err)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (rest if marker else text).splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:200]
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> Path:

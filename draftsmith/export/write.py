@@ -58,6 +58,9 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
     eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"--out {out} is a file; the export is a folder: choose a folder "
+                              "path that does not exist yet")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise DraftsmithError(f"--out {out} exists and is not empty; choose another folder or pass "
                               "--force to replace it")
