@@ -48,7 +48,7 @@ def test_a_deleted_cache_shard_is_refused(cache):
 def test_a_cache_shard_overwritten_with_the_same_size_is_refused_when_read(cache):
     shard = cache / "shard-00000.safetensors"
     shard.write_bytes(b"\xff" * shard.stat().st_size)
-    with pytest.raises(DraftsmithError, match="shard-00000.safetensors is not readable safetensors"):
+    with pytest.raises(DraftsmithError, match=r"shard-00000\.safetensors is not readable safetensors"):
         list(FeatureCache.open(cache).iter_samples())
 
 
