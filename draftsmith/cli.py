@@ -152,7 +152,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
     config = EvalConfig(
         target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
-        bench=_csv(args.bench), limit=args.limit, max_new_tokens=args.max_new_tokens,
+        bench=_csv(args.bench) if args.bench is not None else (
+            () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
+        prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
+        limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), sampling=sampling,
         settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
                                   tree),
@@ -215,8 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--baselines", action="store_true",
                     help="add prompt lookup, HF generate / prompt lookup, and with --draft-model "
                     "the classic draft model and HF assisted generation")
-    ev.add_argument("--bench", default="mt_bench,humaneval,gsm8k", help="comma list of prompt sets")
-    ev.add_argument("--limit", type=_positive_int, default=5, help="items per prompt set")
+    ev.add_argument("--bench", default=None,
+                    help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k (default: "
+                    "all three, or none when --prompts is given)")
+    ev.add_argument("--prompts", action="append", metavar="FILE",
+                    help="a prompt file (repeatable): Spec-Bench / MT-bench question.jsonl "
+                    "(`turns`, optional `category`), OpenAI `messages` JSONL, or text with one "
+                    "prompt per line; reported per category, else per file")
+    ev.add_argument("--check-lossless", action="store_true",
+                    help="a gate: float32 and greedy; exit non-zero naming the first divergent "
+                    "token of any method that does not reproduce plain decoding")
+    ev.add_argument("--limit", type=_positive_int, default=5,
+                    help="items per prompt set (per category of a prompt file)")
     ev.add_argument("--max-new-tokens", type=_positive_int, default=128)
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)

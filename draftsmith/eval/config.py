@@ -24,8 +24,10 @@ class EvalConfig:
         drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
             are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
         dtype, device: for target and draft model (`auto`: see draftsmith.precision).
-        bench: prompt sets (mt_bench, humaneval, gsm8k).
-        limit: items per set.
+        bench: built-in prompt sets (mt_bench, humaneval, gsm8k).
+        prompt_files: the user's prompt files (Spec-Bench / MT-bench JSONL, OpenAI `messages`
+            JSONL, or text with one prompt per line; see data/prompt_files.py).
+        limit: items per set (per category of a prompt file).
         max_new_tokens: budget per turn.
         methods: methods in run order; the first is the speedup baseline and supplies MT-bench's
             second-turn context.
@@ -35,6 +37,9 @@ class EvalConfig:
         trust_remote_code: passed to model loading.
         autotune_tree: measure this machine and pick each dynamic-tree method's depth and
             total_tokens (replacing `settings.tree`'s for that method).
+        check_lossless: a gate: in float32 and greedy, every method must reproduce plain
+            decoding token for token; `run_eval` raises listing the first divergent token of each
+            mismatch.
     """
 
     target: str = DEFAULT_TARGET
@@ -52,8 +57,20 @@ class EvalConfig:
     out_dir: str = "runs/eval"
     trust_remote_code: bool = False
     autotune_tree: bool = False
+    prompt_files: tuple[str, ...] = ()
+    check_lossless: bool = False
 
     def __post_init__(self):
+        if self.check_lossless:
+            if not self.sampling.greedy:
+                raise DraftsmithError("--check-lossless compares tokens with plain greedy decoding:"
+                                      " use --temperature 0 (a distribution test for sampling is "
+                                      "not built yet)")
+            if self.dtype not in ("auto", "float32"):
+                raise DraftsmithError(f"--check-lossless runs in float32 (in {self.dtype} near-tied "
+                                      "logits flip between one- and multi-token forwards); drop "
+                                      "--dtype or pass --dtype float32")
+            self.dtype = "float32"
         if self.limit < 1:
             raise DraftsmithError(f"--limit {self.limit} must be >= 1")
         if self.max_new_tokens < 1:
@@ -65,7 +82,7 @@ class EvalConfig:
                                   f"{', '.join(DTYPE_CHOICES)}")
         resolve_device(self.device)
         unknown = [name for name in self.bench if name not in PROMPT_SETS]
-        if unknown or not self.bench:
+        if unknown or not (self.bench or self.prompt_files):
             problem = f"unknown prompt set(s) {unknown}" if unknown else "no prompt set"
             raise DraftsmithError(f"--bench {','.join(self.bench)!r}: {problem}; choose from: "
                                   f"{', '.join(PROMPT_SETS)}")

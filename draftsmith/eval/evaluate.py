@@ -15,7 +15,9 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.chat import render_chat
+from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.data.prompts import load_prompts
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.executor import MethodExecutor, load_drafters, training_chat_template
@@ -75,9 +77,37 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
     return budget
 
 
+def first_divergence(tokenizer, reference: list[int], tokens: list[int], item, turn: int) -> dict:
+    """Where a method's tokens first leave plain decoding's, with a few tokens of each as text."""
+    index = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b),
+                 min(len(reference), len(tokens)))
+    return {"set": item.set_name, "item": item.item_id, "turn": turn, "index": index,
+            "plain": tokenizer.decode(reference[index:index + 4]),
+            "got": tokenizer.decode(tokens[index:index + 4])}
+
+
+def lossless_report(config: EvalConfig, divergent: dict, drafters: dict) -> dict:
+    """Which methods were compared with plain greedy decoding and the first divergence of each.
+
+    Medusa-2 methods decode with a merged copy of the target (their output is that model's by
+    design) and sampling runs differ by design; neither counts as a failure."""
+    merged = {f"@{label}" if label else "" for label, (d, _) in drafters.items()
+              if d.meta.get("lora")}
+
+    def exempt(method: str) -> bool:
+        base, label = split_method(method)
+        return base in NEEDS_DRAFTER and (f"@{label}" if label else "") in merged
+
+    checked = [m for m in config.methods[1:] if config.sampling.greedy and not exempt(m)]
+    return {"greedy": config.sampling.greedy, "dtype_exact": config.dtype == "float32",
+            "checked": checked,
+            "failures": [{"method": m, **divergent[m]} for m in checked if m in divergent]}
+
+
 def run_eval(config: EvalConfig, log=print) -> dict:
     """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
     prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
+    prompts += [p for path in config.prompt_files for p in load_prompt_file(path, config.limit)]
     target = load_target(config.target, dtype=config.dtype, device=config.device,
                          trust_remote_code=config.trust_remote_code)
     draft_model = None
@@ -104,6 +134,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
 
     records: list[RunRecord] = []
     identical = {m: [0, 0] for m in config.methods[1:]}
+    divergent: dict[str, dict] = {}  # method -> its first divergence from plain decoding
     total = sum(len(p.turns) for p in prompts) * len(config.methods)
     with tqdm(total=total, desc="eval", unit="run") as progress:
         for item in prompts:
@@ -122,6 +153,9 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                     else:
                         identical[method][0] += tokens == reference
                         identical[method][1] += 1
+                        if tokens != reference and method not in divergent:
+                            divergent[method] = first_divergence(
+                                tokenizer, reference, tokens, item, turn)
                     progress.update()
                 messages.append({"role": "assistant",
                                  "content": tokenizer.decode(reference, skip_special_tokens=True)})
@@ -148,6 +182,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                      for label, path in config.all_drafters() if label in drafters
                      for d in [drafters[label][0]]},
         "summary": table,
+        "lossless_check": lossless_report(config, divergent, drafters),
         "records": [r.to_dict() for r in records],
     }
     json_path = write_json(out_dir / "eval.json", payload)
@@ -159,4 +194,13 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         log("identical to plain greedy output: " + ", ".join(
             f"{m} {s / c:.0%}" for m, (s, c) in identical.items() if c))
     log(f"results: {json_path}; plots: {', '.join(str(p) for p in plots)}")
+    failures = payload["lossless_check"]["failures"]
+    if config.check_lossless:
+        if failures:
+            raise DraftsmithError("lossless check failed: " + "; ".join(
+                f"{f['method']} diverged from plain decoding on {f['set']}/{f['item']} turn "
+                f"{f['turn']} at new token {f['index']} (plain {f['plain']!r}, got {f['got']!r})"
+                for f in failures) + f" (details in {json_path})")
+        log(f"lossless check passed: {', '.join(payload['lossless_check']['checked'])} "
+            "reproduce plain greedy decoding token for token (float32)")
     return payload

@@ -53,6 +53,8 @@ def summarize(records: list[RunRecord]) -> dict:
     draft = sum(r.draft_seconds for r in records)
     verify = sum(r.verify_seconds for r in records)
     prefill = sum(r.prefill_seconds for r in records)
+    # time to first token: the prompt's prefill plus the step that emitted the first new token
+    first = [r.prefill_seconds + r.step_seconds[0] for r in records if r.step_seconds]
     return {
         "runs": len(records),
         "new_tokens": tokens,
@@ -68,6 +70,10 @@ def summarize(records: list[RunRecord]) -> dict:
         },
         "latency_ms_p50": float(np.percentile(latencies, 50)) * 1e3 if latencies else None,
         "latency_ms_p90": float(np.percentile(latencies, 90)) * 1e3 if latencies else None,
+        "latency_ms_p99": float(np.percentile(latencies, 99)) * 1e3 if latencies else None,
+        "latency_ms_std": float(np.std(latencies)) * 1e3 if latencies else None,
+        "ttft_ms_p50": float(np.percentile(first, 50)) * 1e3 if first else None,
+        "ttft_ms_p90": float(np.percentile(first, 90)) * 1e3 if first else None,
     }
 
 

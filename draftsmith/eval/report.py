@@ -8,23 +8,27 @@ from pathlib import Path
 
 def _fmt(value, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
+        return format("-", ">" + spec.split(".")[0])
     return format(value, spec)
 
 
 def format_table(table: dict[str, dict[str, dict]]) -> str:
-    """Rows: set x method; columns: tau, tokens/s, speedup, acceptance at depths 1-3, latency."""
-    header = (f"{'set':10s} {'method':18s} {'tau':>5s} {'tok/s':>7s} {'speedup':>8s} "
-              f"{'acc@1':>6s} {'acc@2':>6s} {'acc@3':>6s} {'p50 ms':>7s} {'p90 ms':>7s}")
+    """Rows: set x method; columns: tau, tokens/s, speedup, acceptance at depths 1-3, per-token
+    latency p50 / p90 / p99 and time to first token (p50), with the number of runs."""
+    width = max([10, *(len(name) for name in table)])
+    header = (f"{'set':{width}s} {'method':18s} {'runs':>4s} {'tau':>5s} {'tok/s':>7s} "
+              f"{'speedup':>8s} {'acc@1':>6s} {'acc@2':>6s} {'acc@3':>6s} {'p50 ms':>7s} "
+              f"{'p90 ms':>7s} {'p99 ms':>7s} {'TTFT ms':>8s}")
     lines = [header, "-" * len(header)]
     for set_name, methods in table.items():
         for method, s in methods.items():
             acc = (s["acceptance_by_depth"] + [None] * 3)[:3]
             lines.append(
-                f"{set_name:10s} {method:18s} {_fmt(s['tau'], '5.2f')} "
+                f"{set_name:{width}s} {method:18s} {s['runs']:4d} {_fmt(s['tau'], '5.2f')} "
                 f"{_fmt(s['tokens_per_second'], '7.1f')} {_fmt(s['speedup'], '7.2f')}x "
                 f"{_fmt(acc[0], '6.2f')} {_fmt(acc[1], '6.2f')} {_fmt(acc[2], '6.2f')} "
-                f"{_fmt(s['latency_ms_p50'], '7.1f')} {_fmt(s['latency_ms_p90'], '7.1f')}"
+                f"{_fmt(s['latency_ms_p50'], '7.1f')} {_fmt(s['latency_ms_p90'], '7.1f')} "
+                f"{_fmt(s.get('latency_ms_p99'), '7.1f')} {_fmt(s.get('ttft_ms_p50'), '8.1f')}"
             )
     return "\n".join(lines)
 

@@ -113,3 +113,35 @@ def test_eval_cli_names_a_missing_drafter_label(capsys):
     assert main(["eval", "--methods", "plain,drafter@nope", "--drafter", "e1=somewhere"]) == 2
     err = capsys.readouterr().err
     assert "'nope'" in err and "--drafter nope=DIR" in err
+
+
+def test_prompt_file_and_lossless_gate(tmp_path, capsys, monkeypatch):
+    """--prompts FILE reports per category; --check-lossless passes on lossless methods and
+    fails, naming the first divergent token, when a method's output differs from plain."""
+    require_offline_model(NAME)
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["What is 2+2?"]}\n'
+                       '{"question_id": 2, "category": "math", "turns": ["Count to five."]}\n')
+    args = ["eval", "--target", NAME, "--prompts", str(prompts), "--methods",
+            "plain,prompt_lookup", "--max-new-tokens", "12", "--check-lossless"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0
+    payload = json.loads((tmp_path / "ok" / "eval.json").read_text())
+    assert set(payload["summary"]) == {"qa", "math", "all"}
+    assert payload["lossless_check"] == {"greedy": True, "dtype_exact": True,
+                                         "checked": ["prompt_lookup"], "failures": []}
+    assert "lossless check passed" in capsys.readouterr().out
+
+    from draftsmith.eval import executor
+
+    original = executor.MethodExecutor.run
+
+    def corrupt(self, method, prompt_ids, *rest, **kwargs):
+        tokens, record = original(self, method, prompt_ids, *rest, **kwargs)
+        return ([*tokens[:3], tokens[3] + 1, *tokens[4:]] if method == "prompt_lookup"
+                else tokens), record
+
+    monkeypatch.setattr(executor.MethodExecutor, "run", corrupt)
+    assert main([*args, "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "lossless check failed: prompt_lookup diverged from plain decoding on" in err
+    assert "at new token 3" in err and "Traceback" not in err
