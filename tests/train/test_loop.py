@@ -164,5 +164,5 @@ def test_schedules_shape_the_learning_rate():
     assert [round(cosine(s), 3) for s in (0, 1, 2, 10)] == [0.5, 1.0, 1.0, 0.0]
     assert [wsd(s) for s in (0, 1, 2, 7, 8, 9, 10)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0]
     assert [constant(s) for s in (2, 9, 10)] == [1.0, 1.0, 1.0]
-    with pytest.raises(DraftsmithError, match="train.schedule='linear': use one of cosine"):
+    with pytest.raises(DraftsmithError, match=r"train\.schedule='linear': use one of cosine"):
         build_recipe({"drafter": {"kind": "eagle3"}, "train": {"schedule": "linear"}})
