@@ -189,10 +189,27 @@ def read_json_records(path: Path) -> Iterator[dict]:
 
 
 def read_regenerated_records(folder: Path) -> Iterator[dict]:
-    """Records of a regeneration folder, shard by shard in manifest order (finished shards only)."""
-    manifest = json.loads((folder / "manifest.json").read_text())
+    """Records of a regeneration folder, shard by shard in manifest order (finished shards only).
+
+    Raises:
+        DraftsmithError: a damaged manifest, or a listed shard that is missing or holds fewer or
+            more records than were written (truncated or edited): never a silently short run.
+    """
+    from draftsmith.data.shards import read_manifest
+
+    manifest = read_manifest(folder) or {}
+    fix = f"delete {folder} and run `draftsmith data run` again to regenerate it"
     for shard in manifest.get("shards", []):
-        yield from read_json_records(folder / shard["file"])
+        path = folder / shard["file"]
+        if not path.is_file():
+            raise DraftsmithError(f"the regeneration at {folder} is damaged: {shard['file']} is "
+                                  f"listed in manifest.json but missing; {fix}")
+        records = list(read_json_records(path))
+        if "written" in shard and len(records) != shard["written"]:
+            raise DraftsmithError(
+                f"the regeneration at {folder} is damaged: {shard['file']} holds {len(records)} "
+                f"records but {shard['written']} were written (truncated or edited); {fix}")
+        yield from records
 
 
 def read_hf_dataset(spec: str, split: str) -> Iterable[dict]:

@@ -1,8 +1,11 @@
 """Damaged data folders end in one clear error each, never a short or silent training run
-(issue #18): a cache shard truncated or deleted behind the manifest's back, a manifest that is not
-JSON, a tokenized.jsonl with a bad line, a draft vocabulary for another vocabulary or damaged."""
+(issue #18): a cache or regeneration shard truncated or deleted behind the manifest's back, a
+manifest that is not JSON, a tokenized.jsonl with a bad line, a draft vocabulary for another
+vocabulary or damaged."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from safetensors.torch import save_file
 from draftsmith.data.cache import FeatureCache, build_feature_cache
 from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab
 from draftsmith.data.render import RenderedSample
+from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.run import read_draft_vocab, read_tokenized
 from tests.helpers.cli import assert_refused, run_cli
@@ -97,3 +101,36 @@ def test_a_damaged_or_inconsistent_draft_vocab_is_refused(tmp_path):
     with pytest.raises(DraftsmithError, match=r"inconsistent: d2t \(shape \[10\]\) does not map "
                                               r"onto the 16 tokens t2d marks"):
         read_draft_vocab(path, 128)
+
+
+@pytest.fixture
+def regenerated(tmp_path):
+    """A regeneration folder of two finished shards of three records each."""
+    folder = tmp_path / "regenerated"
+    folder.mkdir()
+    shards = []
+    for index in range(2):
+        name = f"shard-{index:05d}.jsonl"
+        records = [{"id": f"c{index}{i}", "conversations": [
+            {"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": "An answer."}]}
+            for i in range(3)]
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+        shards.append({"index": index, "file": name, "count": 3, "written": 3})
+    (folder / "manifest.json").write_text(json.dumps(
+        {"kind": "regenerated", "settings": {}, "shards": shards}))
+    assert len(load_conversations(str(folder))[0]) == 6
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_damaged_regeneration_shard_is_refused_not_read_short(regenerated, damage):
+    shard = regenerated / "shard-00001.jsonl"
+    if damage == "deleted":
+        shard.unlink()
+        message = r"shard-00001.jsonl is listed in manifest.json but missing"
+    else:
+        text = shard.read_text()
+        shard.write_text(text[: text.rindex('{"id"')])  # the last record lost, whole lines left
+        message = r"shard-00001.jsonl holds 2 records but 3 were written \(truncated or edited\)"
+    with pytest.raises(DraftsmithError, match=message + r"; delete .*regenerated and run"):
+        load_conversations(str(regenerated))
