@@ -114,6 +114,11 @@ def extract_shard(
         offsets.append(offsets[-1] + length)
     hidden_size = model.config.get_text_config().hidden_size
     packed = {hidden_key(i): torch.empty((offsets[-1], hidden_size), dtype=dtype) for i in layers}
+    # the target's own greedy choice after every token (its head on the last hidden state): what
+    # the EAGLE-3 draft vocabulary is counted from, one forward instead of one per epoch
+    last = hidden_key(num_decoder_layers(model))
+    head = model.get_output_embeddings()
+    packed["target_argmax"] = torch.empty(offsets[-1], dtype=torch.int32)
     device = next(model.parameters()).device
     for rows in plan_batches(lengths, batch_size, batch_tokens):
         width = max(lengths[i] for i in rows)
@@ -123,9 +128,13 @@ def extract_shard(
             input_ids[row, : lengths[i]] = torch.tensor(samples[i].input_ids)
             attention_mask[row, : lengths[i]] = 1
         features = extract_features(model, input_ids.to(device), attention_mask.to(device), layers)
+        with torch.no_grad():
+            choice = head(features[last].to(head.weight.dtype)).argmax(-1)
         for key, value in features.items():
             for row, i in enumerate(rows):
                 packed[key][offsets[i]: offsets[i + 1]] = value[row, : lengths[i]].to("cpu", dtype)
+        for row, i in enumerate(rows):
+            packed["target_argmax"][offsets[i]: offsets[i + 1]] = choice[row, : lengths[i]].cpu()
     packed["input_ids"] = torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32)
     packed["loss_mask"] = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8)
     packed["lengths"] = torch.tensor(lengths, dtype=torch.int64)
@@ -176,7 +185,7 @@ def build_feature_cache(
         "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
         "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
         "vocab_size": int(text_config.vocab_size), "chat_template_sha256": chat_template_sha256,
-        "bytes_per_token_layout": 4 + 1 + len(layers) * int(text_config.hidden_size)
+        "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * int(text_config.hidden_size)
         * DTYPES[dtype].itemsize,
     })
     done = done_shards(manifest)

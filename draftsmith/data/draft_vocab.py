@@ -50,6 +50,31 @@ def token_counts(samples: Iterable[RenderedSample], vocab_size: int) -> torch.Te
     return counts
 
 
+def target_choice_counts(cache_folder: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """How often the target itself chooses each id (V,) where the next token is trained: its
+    greedy choice after every token, stored by the hidden-state cache (`target_argmax`).
+
+    None when a shard lacks it (a cache written before draftsmith recorded it)."""
+    from draftsmith.data.shards import read_manifest
+
+    manifest = read_manifest(Path(cache_folder))
+    if not manifest or not manifest.get("shards"):
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for shard in manifest["shards"]:
+        with safe_open(str(Path(cache_folder) / shard["file"]), framework="pt") as handle:
+            if "target_argmax" not in handle.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                return None
+            choice = handle.get_tensor("target_argmax").to(torch.int64)
+            mask = handle.get_tensor("loss_mask").bool()
+            lengths = handle.get_tensor("lengths")
+        ends = torch.cumsum(lengths, 0) - 1  # the last token of each sample predicts nothing here
+        trained_next = torch.cat([mask[1:], mask.new_zeros(1)])
+        trained_next[ends] = False
+        counts += torch.bincount(choice[trained_next], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
 def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
     """The `draft_vocab_size` most frequent ids of `counts` (V,) as d2t/t2d.
 

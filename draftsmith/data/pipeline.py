@@ -19,7 +19,12 @@ from pathlib import Path
 
 from draftsmith.data.cache import FeatureCache, build_feature_cache
 from draftsmith.data.config import DataRecipe
-from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab, token_counts
+from draftsmith.data.draft_vocab import (
+    build_draft_vocab,
+    save_draft_vocab,
+    target_choice_counts,
+    token_counts,
+)
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
@@ -156,11 +161,16 @@ def run_data_recipe(
 
     if data.draft_vocab_size is not None:
         vocab_size = int(model.config.get_text_config().vocab_size)
-        vocab = build_draft_vocab(token_counts(samples, vocab_size), data.draft_vocab_size)
+        counts = (target_choice_counts(out_dir / "cache", vocab_size)
+                  if data.cache is not None else None)
+        source = "the target's own choices on the cached conversations"
+        if counts is None or not int(counts.sum()):
+            counts, source = token_counts(samples, vocab_size), "the data's tokens"
+        vocab = build_draft_vocab(counts, data.draft_vocab_size)
         path = save_draft_vocab(vocab, out_dir / "draft_vocab.safetensors")
-        log(f"{vocab.summary()}; saved {path}")
+        log(f"{vocab.summary()} (counted from {source}); saved {path}")
         summary["draft_vocab"] = {"path": str(path), "size": data.draft_vocab_size,
-                                  "coverage": round(vocab.coverage, 6)}
+                                  "coverage": round(vocab.coverage, 6), "counted_from": source}
     return _finish(out_dir, summary, log)
 
 

@@ -113,8 +113,10 @@ def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], obj
     if not tokenized.is_file():
         raise DraftsmithError(f"the data pipeline did not finish ({tokenized} is missing); "
                               "run the training command again to resume it")
-    vocab = read_draft_vocab(out_dir / "draft_vocab.safetensors",
-                             int(target.model.config.get_text_config().vocab_size))
+    vocab = None  # a vocabulary left by an earlier run is not used unless the recipe asks for one
+    if prepared.data.draft_vocab_size is not None:
+        vocab = read_draft_vocab(out_dir / "draft_vocab.safetensors",
+                                 int(target.model.config.get_text_config().vocab_size))
     if recipe.train.features == "offline":
         return read_cache(recipe, out_dir / "cache", target), vocab
     return read_tokenized(tokenized), vocab

@@ -92,7 +92,7 @@ def test_bf16_cache_and_bytes_per_token(setup, tmp_path):
     build(setup, tmp_path, dtype="bfloat16", kinds=["medusa"])
     cache = FeatureCache.open(tmp_path)
     assert cache.layers == (4,)
-    assert cache.manifest["bytes_per_token_layout"] == 4 + 1 + 32 * 2
+    assert cache.manifest["bytes_per_token_layout"] == 4 + 4 + 1 + 32 * 2  # ids, choice, mask
     assert cache.manifest["bytes_per_token_layout"] < cache.bytes_per_token < 200
     batch = next(cache.iter_batches(2))
     assert batch[hidden_key(4)].dtype == torch.bfloat16
@@ -162,3 +162,26 @@ def test_time_budget_closes_the_cache_at_the_same_shard_on_every_run(setup, tmp_
     assert 0 < cache.num_samples < len(setup[2]) and not cache.complete
     again = build(setup, tmp_path, max_minutes=1.5)
     assert again.budget_reached and again.shards_written == 0
+
+
+def test_cache_records_the_targets_choices_and_the_vocab_counts_them(setup, tmp_path):
+    """target_argmax is the target's greedy choice after every token (its full forward's argmax);
+    the draft vocabulary counts it where the next token is trained, per sample."""
+    from safetensors import safe_open
+
+    from draftsmith.data.draft_vocab import target_choice_counts
+
+    model, _, samples = setup
+    build(setup, tmp_path)
+    expected = torch.zeros(model.config.vocab_size, dtype=torch.int64)
+    for sample in samples:
+        ids = torch.tensor([sample.input_ids])
+        with torch.no_grad():
+            choice = model(ids).logits[0].argmax(-1)
+        trained_next = torch.tensor(sample.loss_mask[1:] + [0]).bool()
+        expected += torch.bincount(choice[trained_next], minlength=model.config.vocab_size)
+    cache = FeatureCache.open(tmp_path)
+    first = cache.shards[0]
+    with safe_open(tmp_path / first["file"], framework="pt") as handle:
+        assert handle.get_tensor("target_argmax").dtype == torch.int32
+    assert torch.equal(target_choice_counts(tmp_path, model.config.vocab_size), expected)
