@@ -178,7 +178,7 @@ def test_cache_records_the_targets_choices_and_the_vocab_counts_them(setup, tmp_
         ids = torch.tensor([sample.input_ids])
         with torch.no_grad():
             choice = model(ids).logits[0].argmax(-1)
-        trained_next = torch.tensor(sample.loss_mask[1:] + [0]).bool()
+        trained_next = torch.tensor([*sample.loss_mask[1:], 0]).bool()
         expected += torch.bincount(choice[trained_next], minlength=model.config.vocab_size)
     cache = FeatureCache.open(tmp_path)
     first = cache.shards[0]
