@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from draftsmith.registry import DRAFTERS, get_spec, target_features
+from tests.helpers.drafters import small_settings
 from tests.helpers.tiny_targets import FAMILIES, tiny_target
-
-SMALL = {"medusa": {"num_heads": 3}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
-                                                              "ttt_steps": 3}}
 
 
 def _batch(seed=0, b=2, t=24):
@@ -30,7 +28,7 @@ def build(kind, family):
     # to log V; a sharper head gives the drafter something to learn.
     target.lm_head.weight.data *= 40
     spec = get_spec(kind)
-    config = spec.make_config(SMALL[kind])
+    config = spec.make_config(small_settings(kind))
     torch.manual_seed(0)
     drafter = spec.build(target.config, config)
     drafter.init_from_target(target)
@@ -86,7 +84,7 @@ def test_unknown_setting_names_the_valid_ones():
 def test_fp32_drafter_trains_on_bf16_target_features(kind):
     target = tiny_target("qwen2", dtype=torch.bfloat16)
     spec = get_spec(kind)
-    config = spec.make_config(SMALL[kind])
+    config = spec.make_config(small_settings(kind))
     drafter = spec.build(target.config, config)
     drafter.init_from_target(target)
     input_ids, attention_mask, loss_mask = _batch()

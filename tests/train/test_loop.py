@@ -15,12 +15,9 @@ from draftsmith.train import metrics as metrics_module
 from draftsmith.train.loop import run_training
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
+from tests.helpers.drafters import small_settings
 from tests.helpers.state import reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
-
-SMALL = {"medusa": {"num_heads": 2}, "eagle1": {}, "mtp": {"num_modules": 2}, "eagle3": {"draft_vocab_size": 96,
-                                                              "ttt_steps": 2}}
-
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -38,7 +35,7 @@ def examples(n=24, t=20, seed=0):
 def recipe_for(kind, tmp_path, **train):
     values = {"batch_size": 4, "max_steps": 6, "warmup_steps": 1, "lr": 1e-3,
               "output_dir": str(tmp_path / kind), "eval_fraction": 0.2, **train}
-    return build_recipe({"drafter": {"kind": kind, **SMALL[kind]}, "train": values})
+    return build_recipe({"drafter": {"kind": kind, **small_settings(kind)}, "train": values})
 
 
 @pytest.mark.parametrize("kind", list(DRAFTERS))
