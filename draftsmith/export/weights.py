@@ -40,9 +40,10 @@ def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, to
         names = ", ".join(p.name for p in pickles)
         raise DraftsmithError(
             f"{folder} only has pickle checkpoint(s) ({names}); loading a pickle can run arbitrary "
-            "code, so draftsmith refuses it. Convert it to safetensors, or pass --allow-pickle "
-            "(allow_pickle=True: tensors only, torch.load(weights_only=True)) if you trust the "
-            "file")
+            "code, so draftsmith refuses it. Convert it to safetensors (e.g. with safetensors' "
+            "save_file after torch.load(weights_only=True)); for a file you trust, `draftsmith "
+            "export --check` takes --allow-pickle and the library allow_pickle=True (tensors only, "
+            "weights-only loader)")
     tensors: dict[str, torch.Tensor] = {}
     for path in safe or pickles:
         part = _load_safetensors(path) if path.suffix == ".safetensors" else _load_pickle(path)

@@ -80,5 +80,5 @@ def test_a_pickle_only_folder_is_refused_and_never_unpickled(tmp_path, allow):
                        "only state dicts of tensors")
     else:
         assert_refused(result, "only has pickle checkpoint(s) (pytorch_model.bin)",
-                       "Convert it to safetensors, or pass --allow-pickle")
+                       "`draftsmith export --check` takes --allow-pickle")
     assert not marker.exists()
