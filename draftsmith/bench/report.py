@@ -92,6 +92,20 @@ def _eval_table(bench: dict, temperature: str) -> list[str]:
     return lines
 
 
+def _lossless_line(check: dict | None) -> list[str]:
+    """The eval run's lossless check (eval.json `lossless_check`) in one sentence."""
+    if not check or not check.get("greedy"):
+        return []
+    if check.get("failures"):
+        return ["Lossless check: " + "; ".join(
+            f"{f['method']} left plain decoding on {f['set']}/{f['item']} at new token "
+            f"{f['index']}" for f in check["failures"])
+            + (" (float32: a bug)" if check.get("dtype_exact") else
+               " (bf16: near-tied logits can flip between one- and multi-token forwards)") + "."]
+    return [f"Lossless check: {len(check.get('checked', []))} methods reproduced plain greedy "
+            "decoding token for token" + (" in float32." if check.get("dtype_exact") else ".")]
+
+
 def _training_table(bench: dict) -> list[str]:
     lines = ["| drafter | kind | trained params | features | steps | batch | s/step | train minutes "
              "| held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 12]
@@ -324,6 +338,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     for t in bench["eval"]:
         title = "Greedy (temperature 0)" if float(t) == 0 else f"Sampling (temperature {t})"
         lines += [f"### {title}: means over the prompt sets", "", *_eval_table(bench, t), ""]
+        lines += [*_lossless_line(bench["eval"][t].get("lossless_check")), ""]
     bar_lines, missed = _bars(bench)
     lines += ["### Bars (greedy)", "", *bar_lines, ""]
     if missed:

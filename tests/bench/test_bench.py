@@ -120,3 +120,15 @@ def test_bench_configs_parse_and_name_their_command(path):
         build_recipe(kind_recipe(config, entry))
     first = path.read_text().splitlines()[0]
     assert first.startswith(f"# draftsmith bench --config {path.relative_to(ROOT)}")
+
+
+def test_lossless_line_of_the_report():
+    from draftsmith.bench.report import _lossless_line
+
+    assert _lossless_line(None) == [] and _lossless_line({"greedy": False}) == []
+    ok = {"greedy": True, "dtype_exact": True, "checked": ["a", "b"], "failures": []}
+    assert _lossless_line(ok) == ["Lossless check: 2 methods reproduced plain greedy decoding "
+                                  "token for token in float32."]
+    bad = {**ok, "failures": [{"method": "a", "set": "gsm8k", "item": "3", "index": 7}]}
+    assert _lossless_line(bad) == ["Lossless check: a left plain decoding on gsm8k/3 at new token "
+                                   "7 (float32: a bug)."]
