@@ -126,11 +126,8 @@ def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str],
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
-    from draftsmith.eval.methods import ProposerSettings
-    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-    from draftsmith.eval.sampling import SamplingConfig
 
     methods = list(_csv(args.methods))
     single, named = _drafter_args(args.drafter or [])
@@ -143,23 +140,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         methods += ["prompt_lookup", "hf_generate", "hf_prompt_lookup"]
         if args.draft_model:
             methods += ["draft_model", "hf_assisted"]
-    try:
-        sampling = SamplingConfig(args.temperature, args.top_p, args.seed)
-        auto = args.tree_total_tokens == "auto"
-        tree = DynamicTreeConfig(args.tree_topk, args.tree_depth,
-                                 16 if auto else int(args.tree_total_tokens))
-    except ValueError as err:
-        raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
-    config = EvalConfig(
+    config = build_eval_config(
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
+        lookup_max_ngram=args.lookup_max_ngram, tree_topk=args.tree_topk,
+        tree_depth=args.tree_depth, tree_total_tokens=args.tree_total_tokens,
         target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=_csv(args.bench) if args.bench is not None else (
             () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
         limit=args.limit, max_new_tokens=args.max_new_tokens,
-        methods=tuple(dict.fromkeys(methods)), sampling=sampling,
-        settings=ProposerSettings(args.num_draft_tokens, args.lookup_tokens, args.lookup_max_ngram,
-                                  tree),
-        out_dir=args.out, trust_remote_code=args.trust_remote_code, autotune_tree=auto,
+        methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
+        trust_remote_code=args.trust_remote_code,
     )
     run_eval(config)
     return 0

@@ -164,11 +164,8 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
 
 def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
     """All methods side by side at one temperature (skipped when its eval.json exists)."""
-    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
-    from draftsmith.eval.methods import ProposerSettings
-    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-    from draftsmith.eval.sampling import SamplingConfig
 
     ev = config.eval
     out = Path(config.out_dir) / f"eval_t{temperature:g}"
@@ -177,14 +174,14 @@ def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)
     used = {split_method(m)[1] for m in ev.methods}
-    eval_config = EvalConfig(
+    tree = {f"tree_{key}": value for key, value in ev.tree.items()}
+    eval_config = build_eval_config(
+        temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
+        lookup_tokens=ev.lookup_tokens, **tree, autotune_tree=ev.autotune_tree,
         target=config.target, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
         bench=tuple(ev.bench), limit=ev.limit, max_new_tokens=ev.max_new_tokens,
-        methods=("plain", *ev.methods), sampling=SamplingConfig(temperature, 1.0, 0),
-        settings=ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens, 3,
-                                  DynamicTreeConfig(**ev.tree)),
-        out_dir=str(out), autotune_tree=ev.autotune_tree)
+        methods=("plain", *ev.methods), out_dir=str(out))
     return run_eval(eval_config, log=log)
 
 

@@ -103,3 +103,32 @@ class EvalConfig:
     def all_drafters(self) -> list[tuple[str, str]]:
         """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""
         return ([("", self.drafter)] if self.drafter else []) + list(self.drafters)
+
+
+def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                      num_draft_tokens: int = 4, lookup_tokens: int = 8, lookup_max_ngram: int = 3,
+                      tree_topk: int = 4, tree_depth: int = 6, tree_total_tokens: int | str = 16,
+                      **fields) -> EvalConfig:
+    """An EvalConfig from flat knobs, the one way the eval CLI and the benchmark build it.
+
+    Args:
+        temperature, top_p, seed: sampling (temperature 0 = greedy).
+        num_draft_tokens, lookup_tokens, lookup_max_ngram: chain lengths and prompt lookup.
+        tree_topk, tree_depth, tree_total_tokens: the dynamic tree; `tree_total_tokens="auto"`
+            turns on the autotuner (depth and size measured per method on this machine).
+        fields: the other EvalConfig fields (target, methods, bench, ...).
+
+    Raises:
+        DraftsmithError: a bad sampling, proposer or tree setting, naming it.
+    """
+    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+
+    auto = tree_total_tokens == "auto"
+    try:
+        sampling = SamplingConfig(temperature, top_p, seed)
+        tree = DynamicTreeConfig(tree_topk, tree_depth, 16 if auto else int(tree_total_tokens))
+    except ValueError as err:
+        raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
+    settings = ProposerSettings(num_draft_tokens, lookup_tokens, lookup_max_ngram, tree)
+    autotune = auto or fields.pop("autotune_tree", False)
+    return EvalConfig(sampling=sampling, settings=settings, autotune_tree=autotune, **fields)
