@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
 
 
@@ -87,21 +88,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
 def _tree_budget(text: str) -> str:
     """argparse type of --tree-total-tokens: `auto` or an integer >= 1."""
     if text != "auto":
-        _positive_int(text)
+        positive_int_arg(text)
     return text
 
 
@@ -173,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate = verbs.add_parser("generate", help="plain greedy chat generation with a target")
     _add_target_args(generate)
     generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
-    generate.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    generate.add_argument("--max-new-tokens", type=positive_int_arg, default=64)
     generate.set_defaults(func=cmd_generate)
 
     machine = verbs.add_parser("machine", help="what this machine makes of a target: dtype chosen "
@@ -220,19 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--check-lossless", action="store_true",
                     help="a gate: float32 and greedy; exit non-zero naming the first divergent "
                     "token of any method that does not reproduce plain decoding")
-    ev.add_argument("--limit", type=_positive_int, default=5,
+    ev.add_argument("--limit", type=positive_int_arg, default=5,
                     help="items per prompt set (per category of a prompt file)")
-    ev.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--num-draft-tokens", type=_positive_int, default=4,
+    ev.add_argument("--num-draft-tokens", type=positive_int_arg, default=4,
                     help="chain length of the draft model and trained-drafter chains")
-    ev.add_argument("--lookup-tokens", type=_positive_int, default=8,
+    ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
                     help="prompt lookup chain length")
-    ev.add_argument("--lookup-max-ngram", type=_positive_int, default=3)
-    ev.add_argument("--tree-topk", type=_positive_int, default=4)
-    ev.add_argument("--tree-depth", type=_positive_int, default=6)
+    ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
+    ev.add_argument("--tree-topk", type=positive_int_arg, default=4)
+    ev.add_argument("--tree-depth", type=positive_int_arg, default=6)
     ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",
                     help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
                     "machine and the drafter's confidences and pick, per dynamic-tree method, the "

@@ -72,6 +72,19 @@ def read_yaml_mapping(path: str | Path, what: str, fix: str) -> dict:
     return values
 
 
+def positive_int_arg(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
 def _field_type(schema, path: list[str]):
     """The declared type at `path` inside `schema` (a dataclass or a mapping of sections to
     dataclasses), None where the path leaves the typed part."""

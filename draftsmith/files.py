@@ -29,3 +29,13 @@ def write_json(path: str | Path, payload, indent: int = 2) -> Path:
 
     text = json.dumps(payload, indent=indent, default=default) + "\n"
     return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_json_dict(path: str | Path) -> dict:
+    """A JSON object kept as a cache (probe results, verified hashes): {} when the file is
+    missing, unreadable or not an object, so a damaged cache only costs its work again."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

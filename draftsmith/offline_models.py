@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import read_json_dict
 
 MARKER = "draftsmith_source.json"
 VERIFIED = "verified_files.json"
@@ -139,12 +140,7 @@ def sha256_cached(path: Path) -> str:
     if key in _hashed and _hashed[key][:2] == stamp:
         return _hashed[key][2]
     record_path = cache_dir() / VERIFIED
-    try:
-        records = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        records = {}
-    if not isinstance(records, dict):
-        records = {}
+    records = read_json_dict(record_path)
     entry = records.get(key)
     if isinstance(entry, dict) and (entry.get("size"), entry.get("mtime_ns")) == stamp:
         digest = str(entry.get("sha256"))

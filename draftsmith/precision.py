@@ -14,7 +14,6 @@ Every choice comes with its reason, printed once and recorded next to every meas
 from __future__ import annotations
 
 import contextlib
-import json
 import platform
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import write_json
+from draftsmith.files import read_json_dict, write_json
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
@@ -96,6 +95,13 @@ class DtypeChoice:
         return {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
 
 
+def machine_key() -> str:
+    """What a measurement on this machine depends on: CPU model and flags, torch, threads."""
+    info = cpu_info()
+    return (f"{info.model}|{','.join(sorted(info.flags))}|torch {torch.__version__}|"
+            f"threads {torch.get_num_threads()}")
+
+
 def _probe_path() -> Path:
     from draftsmith.offline_models import cache_dir
 
@@ -124,16 +130,9 @@ def measure_bf16_slowdown(hidden_size: int, intermediate_size: int, rows: int = 
 
     Cached per machine, torch version and shape; one measurement costs well under a second.
     """
-    info = cpu_info()
-    key = (f"{info.model}|{','.join(sorted(info.flags))}|torch {torch.__version__}|"
-           f"threads {torch.get_num_threads()}|{rows}x{hidden_size}x{intermediate_size}")
+    key = f"{machine_key()}|{rows}x{hidden_size}x{intermediate_size}"
     path = _probe_path()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
+    cached = read_json_dict(path)
     if isinstance(cached.get(key), (int, float)):
         return float(cached[key])
     fp32 = _time_matmul(torch.float32, rows, hidden_size, intermediate_size, budget_s)

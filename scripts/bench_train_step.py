@@ -1,8 +1,13 @@
-"""Training throughput of one drafter kind on cached hidden states: seconds per optimizer step and
-trained tokens per second, written to a JSON file (a benchmark, not a test).
+"""Training throughput of one drafter kind on cached hidden states, written to a JSON file (a
+benchmark, not a test).
 
+    # seconds per optimizer step and trained tokens/s of the recipe's kind
     .venv/bin/python scripts/bench_train_step.py --recipe recipes/smollm2-135m/quickstart.yaml \
         --steps 6 --out benchmarks/train_step/eagle3.json
+    # EAGLE-3: the teacher gathered once per batch (draft-vocab slice and argmax of the trained
+    # rows) against once per training-time-test step, alternated on the same batches
+    .venv/bin/python scripts/bench_train_step.py --compare-teacher \
+        --out benchmarks/train_step/eagle3_teacher.json
 
 Needs the recipe's data prepared with a hidden-state cache (e.g. by `bash scripts/quickstart.sh`).
 """
@@ -18,6 +23,7 @@ import torch
 from draftsmith.data.draft_vocab import load_draft_vocab
 from draftsmith.eval.evaluate import git_commit
 from draftsmith.files import write_json
+from draftsmith.models.eagle3 import eagle3_loss
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.registry import cached_features, get_spec
 from draftsmith.target import load_target
@@ -26,10 +32,54 @@ from draftsmith.train.recipe import load_recipe
 from draftsmith.train.run import read_cache
 
 
+def throughput(drafter, spec, batches, features_of, steps: int) -> dict:
+    """Seconds per optimizer step and trained tokens/s over `steps` batches (after a warm-up)."""
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(batch) -> int:
+        loss, _ = spec.loss(drafter, features_of(batch))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return int(batch["attention_mask"].sum())
+
+    step(batches[0])
+    start = time.perf_counter()
+    tokens = sum(step(batch) for batch in batches[1:steps + 1])
+    seconds = time.perf_counter() - start
+    return {"steps": steps, "tokens": tokens, "seconds_per_step": round(seconds / steps, 3),
+            "tokens_per_second": round(tokens / seconds, 1)}
+
+
+def compare_teacher(drafter, batches, features_of, steps: int) -> dict:
+    """EAGLE-3 loss forward + backward with the teacher gathered per TTT step or per batch."""
+    seconds = {"per_ttt_step": 0.0, "per_batch": 0.0}
+    losses, tokens = {"per_ttt_step": [], "per_batch": []}, 0
+    for batch in batches[1:steps + 1]:
+        tokens += int(batch["attention_mask"].sum())
+        for mode in seconds:  # alternate, so a busy machine slows both alike
+            features = features_of(batch)
+            teacher = features.logits_after if mode == "per_ttt_step" else features
+            start = time.perf_counter()
+            loss, _ = eagle3_loss(drafter, features.input_ids, features.attention_mask,
+                                  features.loss_mask, features.aux_hidden, teacher)
+            loss.backward()
+            seconds[mode] += time.perf_counter() - start
+            drafter.zero_grad()
+            losses[mode].append(float(loss.detach()))
+    return {"batches": steps, "tokens": tokens,
+            "same_losses": losses["per_ttt_step"] == losses["per_batch"],
+            **{f"{mode}_seconds_per_step": round(s / steps, 3) for mode, s in seconds.items()},
+            **{f"{mode}_tokens_per_second": round(tokens / s, 1) for mode, s in seconds.items()},
+            "speedup": round(seconds["per_ttt_step"] / seconds["per_batch"], 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="recipes/smollm2-135m/quickstart.yaml")
     parser.add_argument("--steps", type=int, default=6, help="timed steps (after one warm-up)")
+    parser.add_argument("--compare-teacher", action="store_true",
+                        help="EAGLE-3: teacher gathered per batch against per TTT step")
     parser.add_argument("--out", default="benchmarks/train_step/eagle3.json")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -44,28 +94,23 @@ def main() -> None:
         vocab = load_draft_vocab(vocab_path)
         drafter.set_draft_vocab(vocab.d2t, vocab.t2d)
     drafter.init_from_target(target.model)
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
     layers = target.model.config.num_hidden_layers
-    aux = spec.aux_layers(layers, config)
-    head = target.model.get_output_embeddings()
-    size = recipe.train.batch_size
+    aux, head, size = spec.aux_layers(layers, config), target.model.get_output_embeddings(), \
+        recipe.train.batch_size
+    batches = [collate(examples[i * size:(i + 1) * size], recipe.train.max_length)
+               for i in range(args.steps + 1)]
 
-    def step(i: int) -> int:
-        batch = collate(examples[i * size:(i + 1) * size], recipe.train.max_length)
-        loss, _ = spec.loss(drafter, cached_features(batch, head, aux, layers))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return int(batch["attention_mask"].sum())
+    def features_of(batch):
+        return cached_features(batch, head, aux, layers)
 
-    step(0)
-    start = time.perf_counter()
-    tokens = sum(step(i) for i in range(1, args.steps + 1))
-    seconds = time.perf_counter() - start
+    if args.compare_teacher:
+        if recipe.kind != "eagle3":
+            parser.error("--compare-teacher measures EAGLE-3's loss: use an eagle3 recipe")
+        result = compare_teacher(drafter, batches, features_of, args.steps)
+    else:
+        result = throughput(drafter, spec, batches, features_of, args.steps)
     payload = {"kind": recipe.kind, "recipe": args.recipe, "overrides": args.overrides,
-               "steps": args.steps, "batch_size": size, "tokens": tokens,
-               "seconds_per_step": round(seconds / args.steps, 3),
-               "tokens_per_second": round(tokens / seconds, 1), "commit": git_commit(),
+               "batch_size": size, **result, "commit": git_commit(),
                "hardware": describe_hardware(hardware_record("cpu", target.dtype_choice))}
     write_json(args.out, payload)
     print(payload)

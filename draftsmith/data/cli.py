@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
 
 
@@ -109,20 +110,9 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
 def _max_length(text: str) -> int:
     """argparse type of --max-length: an integer >= 16, as data.max_length."""
-    value = _positive_int(text)
+    value = positive_int_arg(text)
     if value < 16:
         raise argparse.ArgumentTypeError(f"{value} must be >= 16 (e.g. 2048)")
     return value
@@ -140,7 +130,7 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="a recipe YAML, e.g. recipes/data/*.yaml")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                      help="recipe overrides, e.g. data.limit=64 data.regenerate.max_new_tokens=128")
-    run.add_argument("--stop-after-shards", type=_positive_int, default=None,
+    run.add_argument("--stop-after-shards", type=positive_int_arg, default=None,
                      help="stop each sharded step after N new shards (run again to resume)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
     run.set_defaults(func=cmd_data_run)
@@ -152,7 +142,7 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     show.add_argument("--source", default="sharegpt", help="sharegpt, a .json/.jsonl file, a "
                       "folder or a Hub dataset id")
     show.add_argument("--split", default="train")
-    show.add_argument("--limit", type=_positive_int, default=2, help="conversations to show")
+    show.add_argument("--limit", type=positive_int_arg, default=2, help="conversations to show")
     show.add_argument("--max-length", type=_max_length, default=2048,
                       help="tokens per conversation (>= 16; longer ones are truncated)")
     show.add_argument("--chat-template", default=None, help="Jinja template text or .jinja file")

@@ -19,7 +19,6 @@ the last bits, which changes the output only where two logits tie at float32 pre
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import types
 from pathlib import Path
@@ -27,7 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftsmith.files import write_json
+from draftsmith.files import read_json_dict, write_json
+from draftsmith.precision import machine_key
 
 PROBE_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 WIN_MARGIN = 0.9  # the skinny form must take at most this share of the default's time
@@ -39,14 +39,6 @@ def _probe_file() -> Path:
     from draftsmith.offline_models import cache_dir
 
     return cache_dir() / "machine" / "few_row_linear.json"
-
-
-def _machine_key() -> str:
-    from draftsmith.precision import cpu_info
-
-    info = cpu_info()
-    return (f"{info.model}|{','.join(sorted(info.flags))}|torch {torch.__version__}|"
-            f"threads {torch.get_num_threads()}")
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -98,13 +90,8 @@ def max_skinny_rows(ratios: dict[int, float], margin: float = WIN_MARGIN) -> int
 def probe_shapes(shapes: set[tuple[int, int]]) -> dict[tuple[int, int], int]:
     """`max_skinny_rows` per (out, in) weight shape on this machine; measured once, then cached."""
     path = _probe_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
-    machine = cached.setdefault(_machine_key(), {})
+    cached = read_json_dict(path)
+    machine = cached.setdefault(machine_key(), {})
     result, changed = {}, False
     for out_features, in_features in sorted(shapes):
         key = f"{out_features}x{in_features}"
