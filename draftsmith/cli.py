@@ -127,7 +127,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    for m in methods):
             methods.append("drafter" + suffix)
     if args.baselines:
-        methods += ["prompt_lookup", "hf_generate", "hf_prompt_lookup"]
+        methods += ["prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
+        if args.datastore:
+            methods += ["rest"]
         if args.draft_model:
             methods += ["draft_model", "hf_assisted"]
     config = build_eval_config(
@@ -135,6 +137,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
         lookup_max_ngram=args.lookup_max_ngram, tree_topk=args.tree_topk,
         tree_depth=args.tree_depth, tree_total_tokens=args.tree_total_tokens,
+        lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
+        lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
+        datastore=args.datastore,
         target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=_csv(args.bench) if args.bench is not None else (
             () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
@@ -194,12 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "methods such as drafter@LABEL or drafter_dynamic@LABEL")
     ev.add_argument("--draft-model", help="classic draft model spec (same tokenizer as the target)")
     ev.add_argument("--methods", default="plain,prompt_lookup",
-                    help="comma list: plain, prompt_lookup, draft_model, draft_model_tree, drafter, "
-                    "drafter_chain, drafter_static, drafter_dynamic, hf_generate, hf_assisted, "
-                    "hf_prompt_lookup")
+                    help="comma list: plain, prompt_lookup, lookahead, rest, draft_model, "
+                    "draft_model_tree, drafter, drafter_chain, drafter_static, drafter_dynamic, "
+                    "hf_generate, hf_assisted, hf_prompt_lookup")
     ev.add_argument("--baselines", action="store_true",
-                    help="add prompt lookup, HF generate / prompt lookup, and with --draft-model "
-                    "the classic draft model and HF assisted generation")
+                    help="add prompt lookup, lookahead, HF generate / prompt lookup, with "
+                    "--datastore REST, and with --draft-model the classic draft model and HF "
+                    "assisted generation")
     ev.add_argument("--bench", default=None,
                     help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k (default: "
                     "all three, or none when --prompts is given)")
@@ -221,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
                     help="prompt lookup chain length")
     ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
+    ev.add_argument("--lookahead-window", type=positive_int_arg, default=4,
+                    help="lookahead decoding: W, columns of the Jacobi window")
+    ev.add_argument("--lookahead-ngram", type=positive_int_arg, default=3,
+                    help="lookahead decoding: N, n-gram size (the window has N-1 levels)")
+    ev.add_argument("--lookahead-guesses", type=positive_int_arg, default=4,
+                    help="lookahead decoding: G, n-grams verified per step")
+    ev.add_argument("--datastore", metavar="DIR",
+                    help="REST datastore: the datastore/ folder `draftsmith data run` writes with "
+                    "data.datastore set (adds nothing by itself: use --methods rest or --baselines)")
+    ev.add_argument("--rest-tokens", type=positive_int_arg, default=16,
+                    help="REST: draft tokens in the retrieved tree")
     ev.add_argument("--tree-topk", type=positive_int_arg, default=4)
     ev.add_argument("--tree-depth", type=positive_int_arg, default=6)
     ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",

@@ -128,6 +128,22 @@ class CacheConfig:
 
 
 @dataclass
+class DatastoreConfig:
+    """REST's retrieval datastore (`data.datastore`; null = not built): see data/datastore.py."""
+
+    corpus: str | None = None  # text or JSONL file; null = the run's assistant answers
+    max_tokens: int | None = None  # index at most this many corpus tokens (null = all)
+
+    def __post_init__(self):
+        _require(self.corpus is None or (isinstance(self.corpus, str) and bool(self.corpus)),
+                 "data.datastore.corpus", self.corpus,
+                 "name a text or JSONL file, or null for the run's assistant answers")
+        _require(self.max_tokens is None or _positive_int(self.max_tokens),
+                 "data.datastore.max_tokens", self.max_tokens,
+                 "must be a positive integer, or null for the whole corpus")
+
+
+@dataclass
 class DataConfig:
     """Where conversations come from and what the pipeline makes of them (`data:`)."""
 
@@ -141,12 +157,15 @@ class DataConfig:
     regenerate: RegenerateConfig | None = field(default_factory=RegenerateConfig)
     cache: CacheConfig | None = None
     draft_vocab_size: int | None = None  # EAGLE-3 draft vocabulary Vd (null = not built)
+    datastore: DatastoreConfig | None = None  # REST datastore built from the data (null = none)
 
     def __post_init__(self):
         if self.regenerate is not None:
             self.regenerate = _build(RegenerateConfig, self.regenerate, "data.regenerate")
         if self.cache is not None:
             self.cache = _build(CacheConfig, self.cache, "data.cache")
+        if self.datastore is not None:
+            self.datastore = _build(DatastoreConfig, self.datastore, "data.datastore")
         _require(isinstance(self.source, str) and bool(self.source.strip()), "data.source",
                  self.source, "name `sharegpt`, a .json/.jsonl file, a folder or a Hub dataset id")
         _require(isinstance(self.split, str) and bool(self.split), "data.split", self.split,

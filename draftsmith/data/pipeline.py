@@ -6,6 +6,7 @@ Outputs under `data.out_dir`:
     tokenized.jsonl           {"id", "input_ids", "loss_mask"} per conversation (online training)
     cache/                    safetensors shards + manifest (when `data.cache` is set)
     draft_vocab.safetensors   d2t / t2d (when `data.draft_vocab_size` is set)
+    datastore/                REST datastore: suffix array + manifest (when `data.datastore` is set)
     summary.json              what was kept and dropped, tokens/s, bytes per token, coverage
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from draftsmith.data.cache import FeatureCache, build_feature_cache
 from draftsmith.data.config import DataRecipe
+from draftsmith.data.datastore import build_datastore_step
 from draftsmith.data.draft_vocab import (
     build_draft_vocab,
     save_draft_vocab,
@@ -131,6 +133,9 @@ def run_data_recipe(
                                 "loss_mask": s.loss_mask}) + "\n" for s in samples)
     write_atomic(tokenized, lambda tmp: tmp.write_text(lines))
     summary["rendering"]["tokenized"] = str(tokenized)
+    if data.datastore is not None:
+        summary["datastore"] = build_datastore_step(data.datastore, samples, tokenizer, out_dir,
+                                                    tokenized, log)
 
     if data.cache is not None:
         folder = out_dir / "cache"

@@ -90,7 +90,7 @@ class EvalConfig:
         if len(set(labels)) != len(labels) or "" in labels:
             raise DraftsmithError(f"drafter labels {labels} must be distinct and non-empty")
         check_methods(list(self.methods), self.draft_model is not None,
-                      [label for label, _ in self.all_drafters()])
+                      [label for label, _ in self.all_drafters()], self.settings.datastore)
         for label, folder in self.all_drafters():
             flag = f"--drafter {label}={folder}" if label else f"--drafter {folder}"
             if not Path(folder).exists():
@@ -108,7 +108,9 @@ class EvalConfig:
 def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                       num_draft_tokens: int = 4, lookup_tokens: int = 8, lookup_max_ngram: int = 3,
                       tree_topk: int = 4, tree_depth: int = 6, tree_total_tokens: int | str = 16,
-                      **fields) -> EvalConfig:
+                      lookahead_window: int = 4, lookahead_ngram: int = 3,
+                      lookahead_guesses: int = 4, rest_tokens: int = 16,
+                      datastore: str | None = None, **fields) -> EvalConfig:
     """An EvalConfig from flat knobs, the one way the eval CLI and the benchmark build it.
 
     Args:
@@ -116,6 +118,8 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
         num_draft_tokens, lookup_tokens, lookup_max_ngram: chain lengths and prompt lookup.
         tree_topk, tree_depth, tree_total_tokens: the dynamic tree; `tree_total_tokens="auto"`
             turns on the autotuner (depth and size measured per method on this machine).
+        lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N, G.
+        rest_tokens, datastore: REST's tree size and datastore folder.
         fields: the other EvalConfig fields (target, methods, bench, ...).
 
     Raises:
@@ -129,6 +133,8 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
         tree = DynamicTreeConfig(tree_topk, tree_depth, 16 if auto else int(tree_total_tokens))
     except ValueError as err:
         raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
-    settings = ProposerSettings(num_draft_tokens, lookup_tokens, lookup_max_ngram, tree)
+    settings = ProposerSettings(num_draft_tokens, lookup_tokens, lookup_max_ngram, tree,
+                                lookahead_window, lookahead_ngram, lookahead_guesses, rest_tokens,
+                                datastore)
     autotune = auto or fields.pop("autotune_tree", False)
     return EvalConfig(sampling=sampling, settings=settings, autotune_tree=autotune, **fields)

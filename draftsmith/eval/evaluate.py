@@ -25,6 +25,8 @@ from draftsmith.eval.methods import (
     NEEDS_DRAFT,
     NEEDS_DRAFTER,
     make_proposer,
+    method_reports,
+    open_method_resources,
     split_method,
     tree_shape,
 )
@@ -117,6 +119,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         check_same_vocab(target.model, draft_model)
     drafters = load_drafters(config, target, log)
     tokenizer = target.tokenizer
+    open_method_resources(config.methods, config.settings, tokenizer, log)
     runner = MethodExecutor(config, target, draft_model, drafters)
     runner.chat_template = training_chat_template(drafters, log)
     tree_budgets = {}
@@ -165,6 +168,8 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         for per_set in table.values():
             if method in per_set:
                 per_set[method]["identical_to_plain"] = same / count if count else None
+    for method, report in method_reports(config.methods, config.settings, log).items():
+        table["all"][method].update(report)
     out_dir = Path(config.out_dir)
     machine = hardware_record(config.device, target.dtype_choice)
     payload = {

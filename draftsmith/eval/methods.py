@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -11,9 +12,11 @@ from draftsmith.eval.hf_baselines import HF_METHODS
 from draftsmith.eval.proposers.base import NoDraftProposer, Proposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
 from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.eval.proposers.lookahead import LookaheadProposer
 from draftsmith.eval.proposers.medusa import MedusaProposer
 from draftsmith.eval.proposers.mtp import MTPProposer
 from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
+from draftsmith.eval.proposers.rest import RestProposer, open_datastore
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.registry import get_spec
@@ -21,6 +24,8 @@ from draftsmith.registry import get_spec
 OUR_METHODS = {
     "plain": "plain decoding through draftsmith's loop (the speedup baseline)",
     "prompt_lookup": "n-gram prompt lookup, chain",
+    "lookahead": "lookahead decoding: Jacobi window + n-gram pool (W, N, G), tree",
+    "rest": "REST: retrieval from a datastore, tree of frequent continuations (needs --datastore)",
     "draft_model": "classic draft model, chain (needs --draft-model)",
     "draft_model_tree": "classic draft model, EAGLE-2 dynamic tree (needs --draft-model)",
     "drafter": "trained drafter with its kind's default tree (needs --drafter)",
@@ -31,6 +36,7 @@ OUR_METHODS = {
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
+NEEDS_DATASTORE = {"rest"}
 
 
 @dataclass(frozen=True)
@@ -42,20 +48,32 @@ class ProposerSettings:
         lookup_tokens: chain length for prompt lookup.
         lookup_max_ngram: longest n-gram matched by prompt lookup.
         tree: dynamic tree settings.
+        lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N and G.
+        rest_tokens: draft nodes of REST's tree.
+        datastore: the REST datastore folder (`draftsmith data run` with data.datastore).
     """
 
     num_draft_tokens: int = 4
     lookup_tokens: int = 8
     lookup_max_ngram: int = 3
     tree: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
+    lookahead_window: int = 4
+    lookahead_ngram: int = 3
+    lookahead_guesses: int = 4
+    rest_tokens: int = 16
+    datastore: str | None = None
 
     def __post_init__(self):
-        for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram"):
+        for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram", "lookahead_window",
+                     "lookahead_ngram", "lookahead_guesses", "rest_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = "--" + name.replace("_", "-")
                 raise DraftsmithError(f"{flag} {value!r} must be an integer >= 1 (0 would turn "
                                       "the method into plain decoding under another name)")
+        if self.lookahead_ngram < 2:
+            raise DraftsmithError(f"--lookahead-ngram {self.lookahead_ngram} must be >= 2 (an "
+                                  "n-gram is a token and at least one guess after it)")
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -68,10 +86,18 @@ def split_method(method: str) -> tuple[str, str]:
     return base, label
 
 
-def check_methods(methods: list[str], has_draft: bool, drafters=()) -> None:
-    """Raise a clear error for unknown methods, draft methods without their model, or drafter
-    methods naming a drafter that was not given (`drafters`: the labels given)."""
+def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: str | None = None
+                  ) -> None:
+    """Raise a clear error for unknown methods, draft methods without their model, drafter
+    methods naming a drafter that was not given (`drafters`: the labels given), or REST without
+    an existing datastore."""
     drafters = set(drafters)
+    if NEEDS_DATASTORE & set(methods) and datastore is None:
+        raise DraftsmithError("method 'rest' needs a datastore: add --datastore DIR (the "
+                              "datastore/ folder `draftsmith data run` writes with data.datastore)")
+    if datastore is not None and not Path(datastore).exists():
+        raise DraftsmithError(f"--datastore {datastore} does not exist; pass the datastore/ "
+                              "folder of a data run with data.datastore set")
     for method in methods:
         base, label = split_method(method)
         if base not in ALL_METHODS:
@@ -143,9 +169,37 @@ def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingCon
         return NoDraftProposer()
     if method == "prompt_lookup":
         return PromptLookupProposer(settings.lookup_tokens, settings.lookup_max_ngram)
+    if method == "lookahead":
+        return LookaheadProposer(settings.lookahead_window, settings.lookahead_ngram,
+                                 settings.lookahead_guesses, seed=sampling.seed)
+    if method == "rest":
+        return RestProposer(open_datastore(settings.datastore), settings.rest_tokens)
     if method == "draft_model":
         return DraftModelProposer(draft_model, settings.num_draft_tokens, sampling,
                                   torch.Generator().manual_seed(sampling.seed + 1))
     if method == "draft_model_tree":
         return DraftModelTreeProposer(draft_model, dynamic=settings.tree)
     raise DraftsmithError(f"{method!r} is not one of draftsmith's decoding methods")
+
+
+def open_method_resources(methods, settings: ProposerSettings, tokenizer, log=print) -> None:
+    """Load what the methods need besides models before any run, and say what it is: REST's
+    datastore, refused when it was built with another tokenizer than the target's."""
+    if NEEDS_DATASTORE & set(methods):
+        datastore = open_datastore(settings.datastore)
+        datastore.check_tokenizer(tokenizer, settings.datastore)
+        log(datastore.describe())
+
+
+def method_reports(methods, settings: ProposerSettings, log=print) -> dict[str, dict]:
+    """What eval.json records under a method besides the common columns: for REST, the
+    datastore's build time, size on disk and lookup latency over the run."""
+    reports = {}
+    if NEEDS_DATASTORE & set(methods):
+        report = open_datastore(settings.datastore).report()
+        reports["rest"] = {"datastore": report}
+        if report["lookups"]:
+            log(f"rest: {report['lookups']:,} lookups, {report['hit_rate']:.0%} found a suffix, "
+                f"latency p50 {report['lookup_us_p50']:.0f} us, p90 "
+                f"{report['lookup_us_p90']:.0f} us")
+    return reports
