@@ -188,6 +188,7 @@ def open_method_resources(methods, settings: ProposerSettings, tokenizer, log=pr
     if NEEDS_DATASTORE & set(methods):
         datastore = open_datastore(settings.datastore)
         datastore.check_tokenizer(tokenizer, settings.datastore)
+        datastore.lookup_seconds, datastore.lookup_hits = [], 0  # count this run's lookups only
         log(datastore.describe())
 
 
