@@ -52,7 +52,7 @@ def main() -> None:
     for first in range(0, len(order), args.batch_size):
         batch = [prompts[i] for i in order[first:first + args.batch_size]]
         answers = generate_batch(model, batch, settings, eos, pad)
-        plain_tokens += sum(len(a.tokens) + int(a.hit_eos) for a in answers)
+        plain_tokens += sum(len(tokens) + int(hit_eos) for tokens, hit_eos in answers)
     plain_seconds = time.perf_counter() - start
 
     with tempfile.TemporaryDirectory() as folder:

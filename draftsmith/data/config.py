@@ -30,6 +30,7 @@ from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.target import DTYPE_CHOICES, resolve_device
 
 FEATURE_DTYPES = ("bfloat16", "float16", "float32")
+REGENERATE_BACKENDS = ("transformers", "openai")
 
 
 def _require(ok: bool, name: str, value, fix: str) -> None:
@@ -49,6 +50,20 @@ def _build(cls, values, prefix: str):
 class RegenerateConfig:
     """How the target rewrites every assistant turn (`data.regenerate`; null keeps the originals)."""
 
+    # transformers: the target in this process (batched generate); openai: an OpenAI-compatible
+    # server (vLLM, SGLang, llama.cpp, TGI) at base_url, checked to serve the target first
+    backend: str = "transformers"
+    # openai: the server's URL ending in /v1, a list of them (requests spread over all), or
+    # `local`: draftsmith starts llama.cpp's server on the target's GGUF for the run
+    base_url: str | list[str] | None = None
+    model: str | None = None  # openai: the served model name (null: the only one served)
+    # openai: chat sends messages (the server's template, checked against the target's);
+    # completions sends the target's own rendered prompt as token ids
+    endpoint: str = "chat"
+    concurrency: int = 16  # openai: requests in flight at once (also the local server's slots)
+    request_timeout: float = 600.0  # openai: seconds per request
+    retries: int = 3  # openai: retries per request, with exponential backoff
+    extra_body: dict | None = None  # openai: fields added to every request, e.g. a reasoning switch
     max_new_tokens: int = 512  # cap on each regenerated assistant turn
     temperature: float = 0.0  # 0 = greedy; > 0 samples
     top_p: float = 1.0  # nucleus sampling when temperature > 0
@@ -63,6 +78,28 @@ class RegenerateConfig:
 
     def __post_init__(self):
         p = "data.regenerate"
+        _require(self.backend in REGENERATE_BACKENDS, f"{p}.backend", self.backend,
+                 f"choose one of: {', '.join(REGENERATE_BACKENDS)}")
+        if isinstance(self.base_url, str):
+            self.base_url = [self.base_url] if self.base_url != "local" else "local"
+        if self.backend == "openai":
+            urls = self.base_url
+            _require(urls == "local" or (isinstance(urls, list) and bool(urls) and all(
+                isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)),
+                f"{p}.base_url", urls, "give the server's URL ending in /v1 (e.g. "
+                "http://127.0.0.1:8000/v1), a list of them, or `local` to have draftsmith start "
+                "llama.cpp's server on the target's GGUF")
+        _require(self.endpoint in ("chat", "completions"), f"{p}.endpoint", self.endpoint,
+                 "choose chat or completions")
+        _require(_positive_int(self.concurrency), f"{p}.concurrency", self.concurrency,
+                 "must be a positive integer (e.g. 16)")
+        _require(isinstance(self.request_timeout, (int, float)) and self.request_timeout > 0,
+                 f"{p}.request_timeout", self.request_timeout, "must be > 0 seconds")
+        _require(isinstance(self.retries, int) and self.retries >= 0, f"{p}.retries",
+                 self.retries, "must be an integer >= 0")
+        _require(self.extra_body is None or isinstance(self.extra_body, dict), f"{p}.extra_body",
+                 self.extra_body, "must be a mapping of request fields, e.g. "
+                 "{chat_template_kwargs: {enable_thinking: false}}")
         _require(self.limit is None or _positive_int(self.limit), f"{p}.limit", self.limit,
                  "must be a positive integer, or null to answer every conversation again")
         _require(self.max_minutes is None or self.max_minutes > 0, f"{p}.max_minutes",

@@ -7,6 +7,9 @@ in two formats, recognised per record:
   * ShareGPT: `{"id": ..., "conversations": [{"from": "human" | "gpt" | "system", "value": ...}]}`
   * OpenAI:   `{"id": ..., "messages": [{"role": "user" | "assistant" | "system", "content": ...}]}`
 
+An assistant message may carry `"cut": true` (regeneration writes it for an answer stopped at
+`max_new_tokens`); the flag is kept, and rendering then trains no end-of-turn token after it.
+
 Cleaning drops what cannot be trained on and counts every drop by reason in `CleaningStats`:
 empty turns, broken turns (missing or non-text content, unknown role), then every turn that is not
 part of a user turn directly answered by an assistant turn: unanswered user turns (a trailing
@@ -120,8 +123,8 @@ def _text(content) -> str | None:
     return None
 
 
-def raw_turns(record: dict) -> list[tuple[str | None, str | None]] | None:
-    """`(role, text)` pairs of a ShareGPT or OpenAI record; None for an unknown format.
+def raw_turns(record: dict) -> list[tuple[str | None, str | None, bool]] | None:
+    """`(role, text, cut)` triples of a ShareGPT or OpenAI record; None for an unknown format.
 
     Unknown roles and non-text content come back as None so that cleaning can count them.
     """
@@ -129,19 +132,19 @@ def raw_turns(record: dict) -> list[tuple[str | None, str | None]] | None:
         turns = []
         for turn in record["conversations"]:
             if not isinstance(turn, dict):
-                turns.append((None, None))
+                turns.append((None, None, False))
                 continue
             role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
-            turns.append((role, _text(turn.get("value"))))
+            turns.append((role, _text(turn.get("value")), False))
         return turns
     if isinstance(record.get("messages"), list):
         turns = []
         for message in record["messages"]:
             if not isinstance(message, dict):
-                turns.append((None, None))
+                turns.append((None, None, False))
                 continue
             role = message.get("role") if message.get("role") in ROLES else None
-            turns.append((role, _text(message.get("content"))))
+            turns.append((role, _text(message.get("content")), message.get("cut") is True))
         return turns
     return None
 
@@ -153,13 +156,14 @@ def clean_record(record: dict, fallback_id: str, stats: CleaningStats) -> Conver
         stats.dropped_conversations["unknown format"] += 1
         return None
     messages: list[dict] = []
-    for role, text in turns:
+    for role, text, cut in turns:
         if role is None or text is None:
             stats.dropped_turns["broken"] += 1
         elif not text.strip():
             stats.dropped_turns["empty"] += 1
         else:
-            messages.append({"role": role, "content": text.strip()})
+            messages.append({"role": role, "content": text.strip()}
+                            | ({"cut": True} if cut and role == "assistant" else {}))
 
     kept = [messages.pop(0)] if messages and messages[0]["role"] == "system" else []
     position = 0

@@ -29,6 +29,7 @@ from draftsmith.data.draft_vocab import (
 )
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.regenerate import regenerate
+from draftsmith.data.regeneration_server import open_regeneration_server
 from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
 from draftsmith.data.shards import check_run_target, read_manifest
 from draftsmith.data.sources import load_conversations
@@ -89,28 +90,40 @@ def run_data_recipe(
     if data.regenerate is not None:
         folder = out_dir / "regenerated"
         limit = data.regenerate.limit
-        report = regenerate(
-            model, tokenizer, conversations[:limit], folder, template=template, settings=data.regenerate,
-            max_length=data.max_length, eos_ids=target.eos_token_ids, identity=identity,
-            stop_after_shards=stop_after_shards, progress=progress)
+        with open_regeneration_server(data.regenerate, recipe.target.name, model, tokenizer,
+                                      template, data.max_length, log) as (server, served):
+            report = regenerate(
+                model, tokenizer, conversations[:limit], folder, template=template,
+                settings=data.regenerate, max_length=data.max_length,
+                eos_ids=target.eos_token_ids, identity=identity,
+                stop_after_shards=stop_after_shards, progress=progress, server=server)
         manifest = read_manifest(folder)
         covered = sum(s["count"] for s in manifest["shards"])
         kept = conversations[covered:] if report.complete else []
+        failed = [f for s in manifest["shards"] for f in s.get("failed", [])]
+        written = sum(s["written"] for s in manifest["shards"])
         summary["regeneration"] = {
-            "folder": str(folder), "complete": report.complete,
+            "folder": str(folder), "complete": report.complete, "backend": data.regenerate.backend,
+            "server": served or None,
             "shards": f"{report.shards_written + report.shards_skipped}/{report.shards_total}",
-            "conversations": sum(s["written"] for s in manifest["shards"]),
+            "input": covered, "conversations": written, "failed": failed,
+            "skipped": covered - written - len(failed),
             "new_tokens": _throughput(manifest, "new_tokens"),
             "stops": dict(sum((Counter(s["stops"]) for s in manifest["shards"]), Counter())),
             "dropped": dict(sum((Counter(s["dropped"]) for s in manifest["shards"]), Counter())),
             "kept_as_written": len(kept),
             "budget_reached": report.budget_reached,
         }
-        dropped = summary["regeneration"]["dropped"]
-        log(f"regenerated {summary['regeneration']['conversations']:,} conversations into "
-            f"{folder} ({summary['regeneration']['new_tokens']['tokens_per_second']} new tokens/s)"
-            + (f"; dropped or cut: {', '.join(f'{n} {why}' for why, n in dropped.items())}"
-               if dropped else ""))
+        regen = summary["regeneration"]
+        log(f"regenerated {written:,} conversations into {folder} "
+            f"({regen['new_tokens']['tokens_per_second']} new tokens/s): {covered:,} input = "
+            f"{written:,} regenerated + {len(failed):,} failed + {regen['skipped']:,} skipped"
+            + (f" ({', '.join(f'{n} {why}' for why, n in regen['dropped'].items())})"
+               if regen["dropped"] else ""))
+        for failure in failed[:10]:
+            log(f"  failed: conversation {failure['index']} ({failure['id']}): {failure['error']}")
+        if len(failed) > 10:
+            log(f"  ... {len(failed) - 10} more failures listed in {out_dir / 'summary.json'}")
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)

@@ -1,16 +1,24 @@
 """Regenerate every assistant turn with the target, so drafters learn the target's own outputs.
 
 Each conversation keeps its system prompt and user turns; assistant turn k is replaced by the
-target's answer to the conversation so far (its own earlier answers included), with batched,
-left-padded `generate` (prompts grouped by length under a row and token budget), greedy or sampled, capped at `max_new_tokens` and cut at the first EOS.
+target's answer to the conversation so far (its own earlier answers included). Two backends give
+the answers (`data.regenerate.backend`):
+
+  * `transformers`: the target in this process, batched left-padded `generate` (prompts grouped by
+    length under a row and token budget), greedy or sampled, capped at `max_new_tokens`.
+  * `openai`: an OpenAI-compatible server (see `server_client.py`), e.g. vLLM or SGLang on GPUs,
+    or llama.cpp's server that draftsmith starts itself on the target's GGUF (`base_url: local`).
+
 A conversation stops early when its prompt no longer fits `max_length` or an answer comes back
-empty; one that gets no answer at all is dropped (counted).
+empty (skipped, counted by reason); one whose request the server refused is failed (listed with
+its error). Every conversation of the input is regenerated, failed or skipped.
 
 Output: `shard-00000.jsonl` ... holding `{"id", "index", "messages", "stops"}` records (`stops`
-says per answer whether it ended at EOS or at the cap) and `manifest.json` listing finished
-shards with the conversation indices they cover. Shards are fixed by the input order and
-`shard_size`, written atomically and sampled with a per-shard seed, so a run resumed after a kill
-writes exactly the shards an uninterrupted run writes.
+says per answer whether it ended at EOS or at the cap; an answer cut at the cap is also marked
+`"cut": true`, so rendering trains no end-of-turn token after it) and `manifest.json` listing
+finished shards with the conversation indices they cover and their failures. Shards are fixed by
+the input order and `shard_size`, written atomically and sampled with a per-shard seed, so a run
+resumed after a kill writes exactly the shards an uninterrupted run writes.
 """
 
 from __future__ import annotations
@@ -31,17 +39,10 @@ from draftsmith.data.config import RegenerateConfig
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.render import prompt_ids
+from draftsmith.data.server_client import Reply
 from draftsmith.data.shards import budget_spent, done_shards, open_run, record_shard
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_atomic
-
-
-@dataclass
-class Answer:
-    """One generated turn: its token ids (EOS excluded) and whether it ended at EOS."""
-
-    tokens: list[int]
-    hit_eos: bool
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RegenerationReport:
     seconds: float = 0.0
     dropped: Counter = field(default_factory=Counter)
     budget_reached: bool = False  # `max_minutes` closed the run before its last shard
+    failed: list = field(default_factory=list)  # {"index", "id", "error"} per failed conversation
 
     @property
     def complete(self) -> bool:
@@ -71,8 +73,9 @@ class RegenerationReport:
 def generate_batch(
     model, prompts: Sequence[list[int]], settings: RegenerateConfig, eos_ids: Sequence[int],
     pad_id: int,
-) -> list[Answer]:
-    """Answer a batch of token prompts with one left-padded `generate` call.
+) -> list[tuple[list[int], bool]]:
+    """Answer a batch of token prompts with one left-padded `generate` call: per prompt, the
+    answer's token ids (EOS excluded) and whether it ended at EOS.
 
     Sampling parameters are passed explicitly (top-k off, no repetition penalty) so the model's
     own generation defaults do not leak in.
@@ -95,8 +98,44 @@ def generate_batch(
     stop = set(eos_ids)
     for row in output[:, width:].tolist():
         end = next((k for k, t in enumerate(row) if t in stop), None)
-        answers.append(Answer(row if end is None else row[:end], end is not None))
+        answers.append((row if end is None else row[:end], end is not None))
     return answers
+
+
+class InProcessResponder:
+    """The `transformers` backend: answers a round of requests with batched `generate`."""
+
+    def __init__(self, model, tokenizer, settings: RegenerateConfig, eos_ids: Sequence[int]):
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.eos_ids = list(eos_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+    def __call__(self, requests: Sequence[tuple[int, list[dict], list[int]]]) -> list[Reply]:
+        replies: list[Reply | None] = [None] * len(requests)
+        settings = self.settings
+        for rows in plan_batches([len(ids) for _, _, ids in requests], settings.batch_size,
+                                 settings.batch_tokens, settings.max_new_tokens):
+            answers = generate_batch(self.model, [requests[r][2] for r in rows], settings,
+                                     self.eos_ids, self.pad_id)
+            for row, (tokens, hit_eos) in zip(rows, answers, strict=True):
+                replies[row] = Reply(
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    stop="eos" if hit_eos else "max_new_tokens", tokens=len(tokens) + hit_eos)
+        return replies
+
+
+class ServerResponder:
+    """The `openai` backend: answers a round of requests through a `ChatServer`, seeded per
+    request so a resumed run asks exactly what an uninterrupted one asks."""
+
+    def __init__(self, server, settings: RegenerateConfig):
+        self.server, self.settings = server, settings
+
+    def __call__(self, requests: Sequence[tuple[int, list[dict], list[int]]]) -> list[Reply]:
+        s = self.settings
+        return self.server.complete_all(requests, max_tokens=s.max_new_tokens,
+                                        temperature=s.temperature, top_p=s.top_p,
+                                        seed=s.seed * 1_000_003)
 
 
 def _prompt_messages(conversation: Conversation, answers: list[str]) -> list[dict]:
@@ -111,57 +150,71 @@ def _prompt_messages(conversation: Conversation, answers: list[str]) -> list[dic
 
 
 def regenerate_shard(
-    model, tokenizer, conversations: Sequence[Conversation], first_index: int, *,
-    template: str, settings: RegenerateConfig, max_length: int, eos_ids: Sequence[int],
-    pad_id: int, progress: tqdm | None = None,
-) -> tuple[list[dict], int, Counter]:
+    respond, tokenizer, conversations: Sequence[Conversation], first_index: int, *,
+    template: str, max_length: int, progress: tqdm | None = None,
+) -> tuple[list[dict], int, Counter, list[dict]]:
     """Regenerate one shard turn by turn (round k answers every conversation's k-th user turn).
 
+    Args:
+        respond: a backend (`InProcessResponder`, `ServerResponder`): a list of
+            `(key, messages, prompt_ids)` requests in, one `Reply` per request out.
+
     Returns:
-        the output records in input order, the number of generated tokens (EOS included), and
-        the drop counts.
+        the output records in input order, the number of generated tokens (EOS included), the
+        skip counts by reason, and the failed conversations (`{"index", "id", "error"}`).
     """
     answers: list[list[str]] = [[] for _ in conversations]
     stops: list[list[str]] = [[] for _ in conversations]
     alive = [True] * len(conversations)
     dropped: Counter = Counter()
+    failed: dict[int, str] = {}
     new_tokens = 0
     for turn in range(max(c.num_pairs for c in conversations)):
-        pending = []
+        pending, requests = [], []
         for i, conversation in enumerate(conversations):
             if not alive[i] or conversation.num_pairs <= turn:
                 continue
-            ids = prompt_ids(tokenizer, _prompt_messages(conversation, answers[i]), template)
+            messages = _prompt_messages(conversation, answers[i])
+            ids = prompt_ids(tokenizer, messages, template)
             if len(ids) >= max_length:
                 alive[i] = False
                 dropped["turns cut: prompt reached max_length"] += 1
                 continue
-            pending.append((i, ids))
-        for rows in plan_batches([len(ids) for _, ids in pending], settings.batch_size,
-                                 settings.batch_tokens, settings.max_new_tokens):
-            batch = [pending[row] for row in rows]
-            results = generate_batch(model, [ids for _, ids in batch], settings, eos_ids, pad_id)
-            for (i, _), answer in zip(batch, results, strict=True):
-                new_tokens += len(answer.tokens) + int(answer.hit_eos)
-                text = tokenizer.decode(answer.tokens, skip_special_tokens=True).strip()
-                if not text:
-                    alive[i] = False
-                    dropped["turns cut: empty answer"] += 1
-                    continue
-                answers[i].append(text)
-                stops[i].append("eos" if answer.hit_eos else "max_new_tokens")
-            if progress is not None:
-                progress.set_postfix(turn=turn + 1, new_tokens=new_tokens, refresh=False)
+            pending.append(i)
+            requests.append(((first_index + i) * 64 + turn, messages, ids))
+        for i, reply in zip(pending, respond(requests), strict=True):
+            if reply.error is not None:
+                alive[i] = False
+                failed[i] = reply.error
+                continue
+            new_tokens += reply.tokens
+            text = reply.text.strip()
+            if not text:
+                alive[i] = False
+                dropped["turns cut: empty answer"] += 1
+                continue
+            answers[i].append(text)
+            stops[i].append(reply.stop)
+        if progress is not None:
+            progress.set_postfix(turn=turn + 1, new_tokens=new_tokens, refresh=False)
     records = []
     for i, conversation in enumerate(conversations):
+        if i in failed:
+            continue
         if not answers[i]:
             dropped["conversations dropped: no answer"] += 1
             continue
-        records.append({"id": conversation.id, "index": first_index + i,
-                        "messages": [*_prompt_messages(conversation, answers[i][:-1]),
-                                     {"role": "assistant", "content": answers[i][-1]}],
+        messages = _prompt_messages(conversation, answers[i][:-1])
+        messages.append({"role": "assistant", "content": answers[i][-1]})
+        assistant = [m for m in messages if m["role"] == "assistant"]
+        for message, stop in zip(assistant, stops[i], strict=True):
+            if stop == "max_new_tokens":
+                message["cut"] = True
+        records.append({"id": conversation.id, "index": first_index + i, "messages": messages,
                         "stops": stops[i]})
-    return records, new_tokens, dropped
+    failures = [{"index": first_index + i, "id": conversations[i].id, "error": error}
+                for i, error in sorted(failed.items())]
+    return records, new_tokens, dropped, failures
 
 
 def conversations_sha256(conversations: Sequence[Conversation]) -> str:
@@ -176,7 +229,7 @@ def regenerate(
     model, tokenizer, conversations: Sequence[Conversation], out_dir: str | Path, *,
     template: str, settings: RegenerateConfig, max_length: int, eos_ids: Sequence[int],
     identity: TargetIdentity | None = None, stop_after_shards: int | None = None,
-    progress: bool = True,
+    progress: bool = True, server=None,
 ) -> RegenerationReport:
     """Regenerate `conversations` into sharded JSONL under `out_dir`, resuming a previous run.
 
@@ -193,9 +246,12 @@ def regenerate(
         stop_after_shards: write at most this many new shards, then return (time-boxed runs,
             tests of resume).
         progress: show a tqdm bar.
+        server: the `ChatServer` that answers when `settings.backend` is `openai` (checked by
+            `server_check.check_serves_target` first).
 
     Raises:
         DraftsmithError: no EOS id, or `out_dir` holds a run with other inputs or settings.
+        ServerUnavailable: the server went away; finished shards are kept (a rerun resumes).
     """
     if not eos_ids:
         raise DraftsmithError("the target has no EOS token id, so answers would never end; set "
@@ -207,14 +263,18 @@ def regenerate(
     run_settings = {
         "target": identity.to_json(), "chat_template_sha256": text_sha256(template),
         "generation": {k: getattr(settings, k) for k in
-                       ("max_new_tokens", "temperature", "top_p", "seed", "batch_size",
-                        "batch_tokens")},
+                       ("backend", "max_new_tokens", "temperature", "top_p", "seed")},
         "shard_size": size, "max_length": max_length, "eos_ids": sorted(eos_ids),
         "conversations": len(conversations), "conversations_sha256": conversations_sha256(conversations),
     }
     manifest = open_run(out_dir, "regenerated", run_settings)
     done = done_shards(manifest)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    if settings.backend == "openai":
+        if server is None:
+            raise ValueError("data.regenerate.backend is openai but no server was given")
+        respond = ServerResponder(server, settings)
+    else:
+        respond = InProcessResponder(model, tokenizer, settings, eos_ids)
     report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
     budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
     bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",
@@ -232,9 +292,9 @@ def regenerate(
         chunk = conversations[first: first + size]
         torch.manual_seed(settings.seed * 1_000_003 + index)
         start = time.perf_counter()
-        records, new_tokens, dropped = regenerate_shard(
-            model, tokenizer, chunk, first, template=template, settings=settings,
-            max_length=max_length, eos_ids=eos_ids, pad_id=pad_id, progress=bar)
+        records, new_tokens, dropped, failed = regenerate_shard(
+            respond, tokenizer, chunk, first, template=template, max_length=max_length,
+            progress=bar)
         seconds = time.perf_counter() - start
         name = f"shard-{index:05d}.jsonl"
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
@@ -243,12 +303,14 @@ def regenerate(
             "index": index, "file": name, "first": first, "count": len(chunk),
             "written": len(records), "new_tokens": new_tokens, "seconds": round(seconds, 3),
             "stops": dict(Counter(s for r in records for s in r["stops"])), "dropped": dict(dropped),
+            "failed": failed,
         })
         report.shards_written += 1
         report.conversations_written += len(records)
         report.new_tokens += new_tokens
         report.seconds += seconds
         report.dropped.update(dropped)
+        report.failed += failed
         bar.update(len(chunk))
     bar.close()
     return report

@@ -7,7 +7,8 @@ system and user turns and on the template's own tokens (role headers, the newlin
 position i, the text of `messages[:i]` with the generation prompt and the text of `messages[:i+1]`
 are both prefixes of the whole conversation's text, and the assistant turn is what lies between.
 Inside that span the mask stops after the first special token that follows the content (or
-covers the whole span when the template uses no special token). A token belongs to a span when
+covers the whole span when the template uses no special token); for an answer marked `cut`
+(stopped at the regeneration cap) it stops at the content's last token. A token belongs to a span when
 its first character does (tokenizer offsets), so a fast tokenizer is required.
 """
 
@@ -86,7 +87,8 @@ def resolve_chat_template(tokenizer, chat_template: str | None = None) -> str:
 def render_text(tokenizer, messages: Sequence[dict], template: str, generation_prompt: bool) -> str:
     """The chat template applied to `messages`, as text."""
     return tokenizer.apply_chat_template(
-        [dict(m) for m in messages], chat_template=template, tokenize=False,
+        [{k: v for k, v in m.items() if k != "cut"} for m in messages], chat_template=template,
+        tokenize=False,
         add_generation_prompt=generation_prompt,
     )
 
@@ -153,15 +155,20 @@ def render_messages(
     stop_ids = end_of_turn_ids(tokenizer)
     loss_mask = [0] * len(input_ids)
     token = 0
-    for start, content_end, end in spans:
+    cut = [bool(m.get("cut")) for m in messages if m["role"] == "assistant"]
+    for (start, content_end, end), was_cut in zip(spans, cut, strict=True):
         while token < len(input_ids) and starts[token] < start:
             token += 1
         inside = []
         while token < len(input_ids) and starts[token] < end:
             inside.append(token)
             token += 1
-        stop = next((k for k, t in enumerate(inside)
-                     if starts[t] >= content_end and input_ids[t] in stop_ids), len(inside) - 1)
+        if was_cut:  # an answer stopped at the cap: the end-of-turn after it was never generated
+            stop = sum(starts[t] < content_end for t in inside) - 1
+        else:
+            stop = next((k for k, t in enumerate(inside)
+                         if starts[t] >= content_end and input_ids[t] in stop_ids),
+                        len(inside) - 1)
         for t in inside[: stop + 1]:
             loss_mask[t] = 1
     if max_length is not None:

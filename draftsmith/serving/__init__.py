@@ -1,0 +1,1 @@
+"""Serving engines draftsmith starts on loopback: llama.cpp's server for regeneration and checks."""

@@ -1,0 +1,174 @@
+"""llama.cpp's server, set up and started by draftsmith: the engine in its own environment under
+the draftsmith cache, and a context manager that serves a GGUF target on a free loopback port.
+
+The engine is llama.cpp's native C++ server from the `xllamacpp` wheel on PyPI (prebuilt for CPU
+x86/ARM, so nothing compiles here), installed once into `<cache>/engines/xllamacpp-<version>/`
+with its own Python environment, never into the project's. `LlamaCppServer` starts
+`llama_cpp_launch.py` there, waits until `/health` answers, and stops it when the block ends,
+also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_json
+from draftsmith.offline_models import cache_dir
+
+XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
+LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
+READY = "ready.json"
+
+
+def engine_dir() -> Path:
+    return cache_dir() / "engines" / f"xllamacpp-{XLLAMACPP_VERSION}"
+
+
+def engine_python(log: Callable[[str], None] = print) -> Path:
+    """The engine environment's Python, installed on first use (about 35 MB from PyPI).
+
+    `$DRAFTSMITH_LLAMA_CPP_PYTHON` names another Python that has `xllamacpp` (e.g. one built from
+    source with this CPU's native instructions); it is used as is.
+
+    Raises:
+        DraftsmithError: the install failed (the pip output's tail is quoted).
+    """
+    own = os.environ.get("DRAFTSMITH_LLAMA_CPP_PYTHON")
+    if own:
+        return Path(own)
+    folder = engine_dir()
+    python = folder / "venv" / "bin" / "python"
+    if (folder / READY).is_file() and python.is_file():
+        return python
+    log(f"installing llama.cpp's server (xllamacpp {XLLAMACPP_VERSION}) into {folder}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / READY).unlink(missing_ok=True)  # a half-made environment never looks complete
+    steps = [[sys.executable, "-m", "venv", "--clear", str(folder / "venv")],
+             [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+              f"xllamacpp=={XLLAMACPP_VERSION}"],
+             [str(python), "-c", "import xllamacpp"]]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise DraftsmithError(
+                f"could not set up llama.cpp's server in {folder} ({' '.join(step[:4])} ...):\n"
+                + "\n".join(tail) + "\nCheck that PyPI is reachable, or point "
+                "$DRAFTSMITH_LLAMA_CPP_PYTHON at a Python that has xllamacpp installed")
+    write_json(folder / READY, {"xllamacpp": XLLAMACPP_VERSION, "python": sys.version.split()[0]})
+    return python
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LlamaCppServer:
+    """`with LlamaCppServer(gguf) as server:` serves `gguf` at `server.base_url` (OpenAI API).
+
+    Args:
+        gguf: the model file (verified by the caller).
+        parallel: slots, i.e. requests decoded together (continuous batching).
+        ctx_per_slot: context tokens per slot (prompt + answer).
+        threads: CPU threads (default: every core this process may use).
+        alias: the model name the server answers to (default: the file name).
+        log_path: where the server's output goes (default: beside the engine).
+        startup_timeout: seconds to wait for `/health`.
+    """
+
+    def __init__(self, gguf: str | Path, *, parallel: int = 16, ctx_per_slot: int = 2048,
+                 threads: int | None = None, alias: str | None = None,
+                 log_path: str | Path | None = None, startup_timeout: float = 180.0,
+                 log: Callable[[str], None] = print):
+        self.gguf = Path(gguf)
+        self.parallel, self.ctx_per_slot = parallel, ctx_per_slot
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.alias = alias or self.gguf.name
+        self.log_path = Path(log_path) if log_path else engine_dir() / "server.log"
+        self.startup_timeout = startup_timeout
+        self.log = log
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> LlamaCppServer:
+        if not self.gguf.is_file():
+            raise DraftsmithError(f"{self.gguf} does not exist; llama.cpp's server needs the "
+                                  "target's .gguf file (`draftsmith models fetch NAME`)")
+        python = engine_python(self.log)
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [str(python), str(LAUNCHER), "--model", str(self.gguf), "--port", str(self.port),
+                   "--parallel", str(self.parallel), "--ctx-per-slot", str(self.ctx_per_slot),
+                   "--threads", str(self.threads), "--alias", self.alias]
+        with open(self.log_path, "w") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.log(f"llama.cpp server on {self.base_url}: {self.gguf.name}, {self.parallel} slots x "
+                 f"{self.ctx_per_slot} tokens, {self.threads} threads (log: {self.log_path})")
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        url = f"http://127.0.0.1:{self.port}/health"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise DraftsmithError(f"llama.cpp's server exited with code "
+                                      f"{self.process.returncode} while loading {self.gguf}:\n"
+                                      f"{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise DraftsmithError(f"llama.cpp's server did not answer {url} within "
+                              f"{self.startup_timeout:g} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after 10 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def engine_record() -> dict:
+    """What served the answers, for manifests and reports."""
+    ready = engine_dir() / READY
+    info = json.loads(ready.read_text()) if ready.is_file() else {}
+    return {"engine": "llama.cpp (xllamacpp)", "version": info.get("xllamacpp", XLLAMACPP_VERSION)}
