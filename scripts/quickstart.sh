@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine (2 CPU cores, <= 25 minutes on CPUs with or without native
 # bf16): set up, fetch the offline default target (SmolLM2-135M-Instruct), answer ShareGPT prompts
-# with it, cache its hidden states and train an EAGLE-3 drafter, each phase for a wall-clock
+# with it (through llama.cpp's server, started on the target's GGUF and stopped after), cache its
+# hidden states and train an EAGLE-3 drafter, each phase for a wall-clock
 # budget measured on this machine (recipes/smollm2-135m/quickstart.yaml), export it in the EAGLE-3
 # format vLLM/SGLang load, and evaluate the export against plain decoding and prompt lookup on
 # MT-bench / HumanEval / GSM8K prompts (3 per set: a quick check; BENCHMARKS.md has the numbers).

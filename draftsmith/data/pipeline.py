@@ -91,7 +91,8 @@ def run_data_recipe(
         folder = out_dir / "regenerated"
         limit = data.regenerate.limit
         with open_regeneration_server(data.regenerate, recipe.target.name, model, tokenizer,
-                                      template, data.max_length, log) as (server, served):
+                                      template, data.max_length, log,
+                                      log_path=folder / "server.log") as (server, served):
             report = regenerate(
                 model, tokenizer, conversations[:limit], folder, template=template,
                 settings=data.regenerate, max_length=data.max_length,

@@ -44,10 +44,10 @@ def target_gguf(spec: str) -> Path:
 @contextmanager
 def open_regeneration_server(
     settings: RegenerateConfig, target_spec: str, model, tokenizer, template: str,
-    max_length: int, log: Callable[[str], None] = print,
+    max_length: int, log: Callable[[str], None] = print, log_path: Path | None = None,
 ) -> Iterator[tuple[ChatServer | None, dict]]:
     """`(server, record)` for an `openai` backend, `(None, {})` for `transformers`; a local
-    server is stopped when the block ends (also on errors and Ctrl-C).
+    server (its output in `log_path`) is stopped when the block ends (also on errors, Ctrl-C).
 
     Raises:
         DraftsmithError: no GGUF for a local server, the engine would not start, or the server
@@ -64,7 +64,7 @@ def open_regeneration_server(
             local = stack.enter_context(LlamaCppServer(
                 target_gguf(target_spec), parallel=settings.concurrency,
                 ctx_per_slot=max_length + settings.max_new_tokens, alias=Path(target_spec).name,
-                log=log))
+                log_path=log_path, log=log))
             urls = [local.base_url]
             record.update(engine_record())
         else:
