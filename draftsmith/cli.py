@@ -144,6 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bench=_csv(args.bench) if args.bench is not None else (
             () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
+        lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
         limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
         trust_remote_code=args.trust_remote_code,
@@ -214,8 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "(`turns`, optional `category`), OpenAI `messages` JSONL, or text with one "
                     "prompt per line; reported per category, else per file")
     ev.add_argument("--check-lossless", action="store_true",
-                    help="a gate: float32 and greedy; exit non-zero naming the first divergent "
-                    "token of any method that does not reproduce plain decoding")
+                    help="a gate, in float32: greedy, exit non-zero naming the first divergent "
+                    "token of any method (at any batch size) that does not reproduce plain "
+                    "decoding; at --temperature > 0, a chi-square test of each method's first "
+                    "2 tokens against the target's distribution (false-failure odds 1e-3)")
+    ev.add_argument("--lossless-samples", type=positive_int_arg, default=300,
+                    help="draws per method and prompt of the sampling gate (at least 50)")
+    ev.add_argument("--batch-size", default="1",
+                    help="comma list of batch sizes, e.g. 1,2,4,8 (1 always runs): above 1, plain "
+                    "decoding and the chain methods decode batches of prompts at once, with "
+                    "tokens/s and speedup per batch size (trees run at batch 1 only for now)")
     ev.add_argument("--limit", type=positive_int_arg, default=5,
                     help="items per prompt set (per category of a prompt file)")
     ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)

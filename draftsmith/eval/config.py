@@ -37,9 +37,12 @@ class EvalConfig:
         trust_remote_code: passed to model loading.
         autotune_tree: measure this machine and pick each dynamic-tree method's depth and
             total_tokens (replacing `settings.tree`'s for that method).
-        check_lossless: a gate: in float32 and greedy, every method must reproduce plain
-            decoding token for token; `run_eval` raises listing the first divergent token of each
-            mismatch.
+        check_lossless: a gate, in float32: greedy, every method (at every batch size) must
+            reproduce plain decoding token for token; sampling, every method's first tokens must
+            pass a distribution test (eval/lossless.py); `run_eval` raises naming each failure.
+        lossless_samples: draws per method and prompt of the sampling gate.
+        batch_sizes: batch sizes to measure, 1 first: above 1, plain decoding and the chain
+            methods decode batches of prompts at once (eval/batch_sizes.py).
     """
 
     target: str = DEFAULT_TARGET
@@ -59,13 +62,16 @@ class EvalConfig:
     autotune_tree: bool = False
     prompt_files: tuple[str, ...] = ()
     check_lossless: bool = False
+    lossless_samples: int = 300
+    batch_sizes: tuple[int, ...] = (1,)
 
     def __post_init__(self):
+        self.batch_sizes = parse_batch_sizes(self.batch_sizes)
+        if isinstance(self.lossless_samples, bool) or not isinstance(self.lossless_samples, int) \
+                or self.lossless_samples < 50:
+            raise DraftsmithError(f"--lossless-samples {self.lossless_samples!r} must be an "
+                                  "integer >= 50 (fewer draws leave the distribution test blind)")
         if self.check_lossless:
-            if not self.sampling.greedy:
-                raise DraftsmithError("--check-lossless compares tokens with plain greedy decoding:"
-                                      " use --temperature 0 (a distribution test for sampling is "
-                                      "not built yet)")
             if self.dtype not in ("auto", "float32"):
                 raise DraftsmithError(f"--check-lossless runs in float32 (in {self.dtype} near-tied "
                                       "logits flip between one- and multi-token forwards); drop "
@@ -103,6 +109,24 @@ class EvalConfig:
     def all_drafters(self) -> list[tuple[str, str]]:
         """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""
         return ([("", self.drafter)] if self.drafter else []) + list(self.drafters)
+
+
+def parse_batch_sizes(value: str | tuple | list) -> tuple[int, ...]:
+    """`"1,2,4,8"` (or a sequence of ints) -> (1, 2, 4, 8): sorted, deduplicated, 1 included.
+
+    Raises:
+        DraftsmithError: a part that is not an integer >= 1, naming it and the fix.
+    """
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)
+    sizes = set()
+    for part in parts:
+        text = str(part)
+        if isinstance(part, bool) or not text.isdigit() or int(text) < 1:
+            given = value if isinstance(value, str) else ",".join(map(str, parts))
+            raise DraftsmithError(f"--batch-size {given!r}: {text!r} is not a batch size; give "
+                                  "integers >= 1 separated by commas, e.g. --batch-size 1,2,4,8")
+        sizes.add(int(text))
+    return tuple(sorted(sizes | {1}))
 
 
 def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,

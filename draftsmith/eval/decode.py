@@ -14,9 +14,9 @@ import torch
 
 from draftsmith.eval.proposers.base import Proposer
 from draftsmith.eval.runner import CausalLMRunner, ForwardOutput
-from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
+from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.eval.tree import Tree, ancestor_mask
-from draftsmith.eval.verify import verify_greedy, verify_sampling
+from draftsmith.eval.verify import verify
 
 
 @dataclass
@@ -56,8 +56,27 @@ class GenerationResult:
     def decode_seconds(self) -> float:
         return self.total_seconds - self.prefill_seconds
 
+    def add_step(self, emitted: list[int], accepted: int, depth: int, seconds: float) -> None:
+        """Record one target step: the tokens it emitted and its accepted and drafted depth."""
+        self.tokens.extend(emitted)
+        self.accepted_per_step.append(accepted)
+        self.depth_per_step.append(depth)
+        self.tokens_per_step.append(len(emitted))
+        self.step_seconds.append(seconds)
 
-def _clock(device: torch.device) -> float:
+
+def emitted_tokens(new: list[int], room: int, eos: set[int]) -> list[int]:
+    """What a step emits of its `new` tokens: at most `room`, and nothing after an EOS token."""
+    emitted = []
+    for token in new[:room]:
+        emitted.append(token)
+        if token in eos:
+            break
+    return emitted
+
+
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, after the device has finished its queued work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -92,7 +111,7 @@ def generate(
     eos = set(eos_token_ids)
     device = runner.device
     result = GenerationResult(tokens=[])
-    start = _clock(device)
+    start = clock(device)
 
     runner.reset()
     context = list(prompt_ids[:-1])
@@ -101,47 +120,36 @@ def generate(
     runner.commit()
     proposer.reset(context, prefill)
     root = prompt_ids[-1]
-    now = _clock(device)
+    now = clock(device)
     result.prefill_seconds = now - start
 
     while len(result.tokens) < max_new_tokens:
         step_start = now
         tree = proposer.propose(root, max_depth=max_new_tokens - len(result.tokens) - 1)
         tree.tokens = tree.tokens.to(device)
-        drafted = _clock(device)
+        drafted = clock(device)
         out = runner.forward(
             tree.tokens,
             position_ids=runner.length + tree.depths.to(device),
             tree_mask=None if tree.is_chain else _tree_mask(tree, device),
         )
-        verified = _clock(device)
-        if sampling.greedy:
-            path, next_token = verify_greedy(tree, out.logits)
-        else:
-            path, next_token = verify_sampling(tree, logits_to_probs(out.logits, sampling), generator)
+        verified = clock(device)
+        path, next_token = verify(tree, out.logits, sampling, generator)
         runner.commit(path)
         path_tokens = tree.tokens[path].tolist()
         new = [*path_tokens[1:], next_token]
-        proposer_start = _clock(device)
+        proposer_start = clock(device)
         proposer.observe(path_tokens, out, path)
-        now = _clock(device)
+        now = clock(device)
 
-        emitted = []
-        for token in new[: max_new_tokens - len(result.tokens)]:
-            emitted.append(token)
-            if token in eos:
-                break
-        result.tokens.extend(emitted)
-        result.accepted_per_step.append(len(path) - 1)
-        result.depth_per_step.append(tree.max_depth)
-        result.tokens_per_step.append(len(emitted))
-        result.step_seconds.append(now - step_start)
+        emitted = emitted_tokens(new, max_new_tokens - len(result.tokens), eos)
+        result.add_step(emitted, len(path) - 1, tree.max_depth, now - step_start)
         result.draft_seconds += (drafted - step_start) + (now - proposer_start)
         result.verify_seconds += verified - drafted
         if emitted[-1] in eos:
             break
         root = next_token
-    result.total_seconds = _clock(device) - start
+    result.total_seconds = clock(device) - start
     return result
 
 

@@ -19,8 +19,15 @@ from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_tree
+from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.executor import MethodExecutor, load_drafters, training_chat_template
+from draftsmith.eval.lossless import (
+    failure_message,
+    first_divergence,
+    lossless_report,
+    sampling_gate,
+)
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
     NEEDS_DRAFTER,
@@ -30,9 +37,14 @@ from draftsmith.eval.methods import (
     split_method,
     tree_shape,
 )
-from draftsmith.eval.metrics import RunRecord, summarize_all
+from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
 from draftsmith.eval.proposers.draft_model import check_same_vocab
-from draftsmith.eval.report import format_table, write_plots
+from draftsmith.eval.report import (
+    format_batch_table,
+    format_table,
+    write_batch_plot,
+    write_plots,
+)
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.target import load_target
@@ -79,33 +91,6 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
     return budget
 
 
-def first_divergence(tokenizer, reference: list[int], tokens: list[int], item, turn: int) -> dict:
-    """Where a method's tokens first leave plain decoding's, with a few tokens of each as text."""
-    index = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b),
-                 min(len(reference), len(tokens)))
-    return {"set": item.set_name, "item": item.item_id, "turn": turn, "index": index,
-            "plain": tokenizer.decode(reference[index:index + 4]),
-            "got": tokenizer.decode(tokens[index:index + 4])}
-
-
-def lossless_report(config: EvalConfig, divergent: dict, drafters: dict) -> dict:
-    """Which methods were compared with plain greedy decoding and the first divergence of each.
-
-    Medusa-2 methods decode with a merged copy of the target (their output is that model's by
-    design) and sampling runs differ by design; neither counts as a failure."""
-    merged = {f"@{label}" if label else "" for label, (d, _) in drafters.items()
-              if d.meta.get("lora")}
-
-    def exempt(method: str) -> bool:
-        base, label = split_method(method)
-        return base in NEEDS_DRAFTER and (f"@{label}" if label else "") in merged
-
-    checked = [m for m in config.methods[1:] if config.sampling.greedy and not exempt(m)]
-    return {"greedy": config.sampling.greedy, "dtype_exact": config.dtype == "float32",
-            "checked": checked,
-            "failures": [{"method": m, **divergent[m]} for m in checked if m in divergent]}
-
-
 def run_eval(config: EvalConfig, log=print) -> dict:
     """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
     prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
@@ -138,6 +123,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     records: list[RunRecord] = []
     identical = {m: [0, 0] for m in config.methods[1:]}
     divergent: dict[str, dict] = {}  # method -> its first divergence from plain decoding
+    turns: list[Turn] = []  # every prompt turn with plain's answer (batch sizes, sampling gate)
     total = sum(len(p.turns) for p in prompts) * len(config.methods)
     with tqdm(total=total, desc="eval", unit="run") as progress:
         for item in prompts:
@@ -160,6 +146,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                             divergent[method] = first_divergence(
                                 tokenizer, reference, tokens, item, turn)
                     progress.update()
+                turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids, reference))
                 messages.append({"role": "assistant",
                                  "content": tokenizer.decode(reference, skip_special_tokens=True)})
 
@@ -170,6 +157,19 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                 per_set[method]["identical_to_plain"] = same / count if count else None
     for method, report in method_reports(config.methods, config.settings, log).items():
         table["all"][method].update(report)
+    batched: dict = {}
+    if len(config.batch_sizes) > 1:
+        batch_records, batch_divergent, skipped = run_batch_sizes(runner, turns, warm, log)
+        divergent.update(batch_divergent)
+        batched = {"batch_sizes": summarize_batch_sizes(table["all"], batch_records,
+                                                        config.batch_sizes, config.methods[0]),
+                   "batch_skipped": skipped,
+                   "batch_records": [r.to_dict() for r in batch_records]}
+    if config.check_lossless and not config.sampling.greedy:
+        check = sampling_gate(runner, turns, config.lossless_samples, log)
+    else:
+        chains = [m for m in config.methods if m not in batched["batch_skipped"]] if batched else []
+        check = lossless_report(config, divergent, drafters, chains)
     out_dir = Path(config.out_dir)
     machine = hardware_record(config.device, target.dtype_choice)
     payload = {
@@ -187,25 +187,28 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                      for label, path in config.all_drafters() if label in drafters
                      for d in [drafters[label][0]]},
         "summary": table,
-        "lossless_check": lossless_report(config, divergent, drafters),
+        "lossless_check": check,
         "records": [r.to_dict() for r in records],
+        **batched,
     }
     json_path = write_json(out_dir / "eval.json", payload)
     plots = write_plots(table, out_dir)
     log(format_table(table))
+    if batched:
+        plots.append(write_batch_plot(batched["batch_sizes"], out_dir))
+        log(format_batch_table(batched["batch_sizes"]))
     if not config.sampling.greedy:
         log("sampling: outputs differ from plain by design; the distribution is the target's")
     else:
         log("identical to plain greedy output: " + ", ".join(
             f"{m} {s / c:.0%}" for m, (s, c) in identical.items() if c))
     log(f"results: {json_path}; plots: {', '.join(str(p) for p in plots)}")
-    failures = payload["lossless_check"]["failures"]
     if config.check_lossless:
-        if failures:
-            raise DraftsmithError("lossless check failed: " + "; ".join(
-                f"{f['method']} diverged from plain decoding on {f['set']}/{f['item']} turn "
-                f"{f['turn']} at new token {f['index']} (plain {f['plain']!r}, got {f['got']!r})"
-                for f in failures) + f" (details in {json_path})")
-        log(f"lossless check passed: {', '.join(payload['lossless_check']['checked'])} "
-            "reproduce plain greedy decoding token for token (float32)")
+        if check["failures"]:
+            raise DraftsmithError(f"lossless check failed: {failure_message(check)} "
+                                  f"(details in {json_path})")
+        log(f"lossless check passed: {', '.join(check['checked'])} " + (
+            "reproduce plain greedy decoding token for token (float32)" if check["greedy"] else
+            f"draw their first tokens from the target's distribution ({check['test']}, "
+            f"{check['samples']} draws per prompt, false-failure odds {check['level']:g})"))
     return payload

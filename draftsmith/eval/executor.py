@@ -7,12 +7,16 @@ import copy
 
 from draftsmith.drafter_folder import merge_lora
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.batched import BatchResult, generate_batch
+from draftsmith.eval.batched_runner import BatchedLMRunner
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.decode import generate
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
 from draftsmith.eval.methods import NEEDS_DRAFTER, ProposerSettings, make_proposer, split_method
 from draftsmith.eval.metrics import RunRecord
+from draftsmith.eval.proposers.base import Proposer
 from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.export.load import load_any_drafter
 
 
@@ -30,6 +34,9 @@ class MethodExecutor:
         self.drafters = drafters or {}
         self.settings: dict[str, ProposerSettings] = {}  # per-method (autotuned trees)
         self.runners: dict[tuple[int, bool], CausalLMRunner] = {}
+        self.batched_runners: dict[tuple[int, bool], BatchedLMRunner] = {}
+        pad = getattr(target.tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else (self.eos or [0])[0]
         self.eos = target.eos_token_ids
         self.chat_template: str | None = None  # the drafters' training template, if custom
 
@@ -39,24 +46,47 @@ class MethodExecutor:
             self.runners[key] = CausalLMRunner(model, output_hidden_states=hidden)
         return self.runners[key]
 
+    def decoding_model(self, method: str):
+        """The model a method decodes with: the target, or a Medusa-2 drafter's merged copy."""
+        return self.drafters.get(split_method(method)[1], (None, self.target.model))[1]
+
+    def _proposer(self, method: str, sampling: SamplingConfig) -> Proposer:
+        drafter = self.drafters.get(split_method(method)[1], (None, None))[0]
+        return make_proposer(method, self.settings.get(method, self.config.settings), sampling,
+                             self.draft_model, drafter)
+
     def run(self, method: str, prompt_ids: list[int], max_new_tokens: int,
-            set_name: str = "", item_id: str = "", turn: int = 0) -> tuple[list[int], RunRecord]:
+            set_name: str = "", item_id: str = "", turn: int = 0,
+            sampling: SamplingConfig | None = None) -> tuple[list[int], RunRecord]:
+        """One method on one prompt; `sampling` replaces the run's (the sampling gate's seeds)."""
         cfg = self.config
+        sampling = sampling or cfg.sampling
         if method in HF_METHODS:
             tokens, seconds = hf_generate(method, self.target.model, prompt_ids, max_new_tokens,
-                                          self.eos, cfg.sampling, self.draft_model,
+                                          self.eos, sampling, self.draft_model,
                                           cfg.settings.lookup_tokens)
             return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
-        drafter, model = self.drafters.get(split_method(method)[1], (None, self.target.model))
-        settings = self.settings.get(method, cfg.settings)
-        proposer = make_proposer(method, settings, cfg.sampling, self.draft_model, drafter)
-        runner = self.target_runner(model, getattr(proposer, "needs_hidden_states", False))
-        result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, cfg.sampling)
+        proposer = self._proposer(method, sampling)
+        runner = self.target_runner(self.decoding_model(method),
+                                    getattr(proposer, "needs_hidden_states", False))
+        result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, sampling)
         return result.tokens, RunRecord(
             method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
             result.prefill_seconds, result.draft_seconds, result.verify_seconds,
             result.accepted_per_step, result.depth_per_step, result.tokens_per_step,
             result.step_seconds)
+
+
+    def run_batch(self, method: str, prompts: list[list[int]], max_new_tokens: int
+                  ) -> BatchResult:
+        """One chain method on a batch of prompts at once (see batched.py)."""
+        proposers = [self._proposer(method, self.config.sampling) for _ in prompts]
+        hidden = getattr(proposers[0], "needs_hidden_states", False)
+        key = (id(self.decoding_model(method)), hidden)
+        if key not in self.batched_runners:
+            self.batched_runners[key] = BatchedLMRunner(self.decoding_model(method), hidden)
+        return generate_batch(self.batched_runners[key], proposers, prompts, max_new_tokens,
+                              self.eos, self.config.sampling, self.pad_token_id)
 
 
 def load_drafters(config: EvalConfig, target, log) -> dict:

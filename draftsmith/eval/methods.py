@@ -36,6 +36,7 @@ OUR_METHODS = {
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
+CHAIN_METHODS = {"plain", "prompt_lookup", "draft_model"}  # besides drafters decoding chains
 NEEDS_DATASTORE = {"rest"}
 
 
@@ -118,6 +119,14 @@ def tree_shape(method: str, kind: str) -> str:
     """The tree shape a drafter method decodes with: `drafter` takes the kind's default."""
     base, _ = split_method(method)
     return get_spec(kind).default_tree if base == "drafter" else base.split("_", 1)[1]
+
+
+def decodes_chains(method: str, kind: str | None = None) -> bool:
+    """Whether a method drafts chains (what batched decoding runs); `kind`: its drafter's kind."""
+    base, _ = split_method(method)
+    if base in NEEDS_DRAFTER:
+        return tree_shape(method, kind) == "chain"
+    return base in CHAIN_METHODS
 
 
 def _feature_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:

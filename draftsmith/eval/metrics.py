@@ -90,3 +90,41 @@ def summarize_all(records: list[RunRecord], baseline: str = "plain") -> dict:
             summary["speedup"] = (summary["tokens_per_second"] / base["tokens_per_second"]
                                   if base else None)
     return table
+
+
+def summarize_batch_sizes(overall: dict[str, dict], records, batch_sizes, baseline: str = "plain"
+                          ) -> dict[str, dict[str, dict]]:
+    """Tokens/s, tau and speedup against `baseline` at the same batch size, per batch size.
+
+    Args:
+        overall: batch 1's summaries (`summarize_all(...)["all"]`).
+        records: `BatchRecord`s of the batch sizes above 1 (eval/batch_sizes.py).
+        batch_sizes: the sizes measured (1 included).
+        baseline: the method speedups are against.
+
+    Returns:
+        {"B": {method: {tokens_per_second, speedup, tau, new_tokens, seconds, batches, rows}}}
+        with batch size keys as strings (JSON).
+    """
+    curve = {"1": {m: {"tokens_per_second": s["tokens_per_second"], "speedup": s["speedup"],
+                       "tau": s["tau"], "new_tokens": s["new_tokens"], "seconds": s["seconds"],
+                       "batches": s["runs"], "rows": s["runs"]}
+                   for m, s in overall.items()}}
+    for size in [b for b in batch_sizes if b > 1]:
+        chosen = [r for r in records if r.batch_size == size]
+        rows = {}
+        for method in dict.fromkeys(r.method for r in chosen):
+            mine = [r for r in chosen if r.method == method]
+            tokens = sum(r.new_tokens for r in mine)
+            seconds = sum(r.total_seconds for r in mine)
+            row_steps = sum(r.row_steps for r in mine)
+            rows[method] = {"tokens_per_second": tokens / seconds if seconds else float("nan"),
+                            "tau": tokens / row_steps if row_steps else None,
+                            "new_tokens": tokens, "seconds": seconds, "batches": len(mine),
+                            "rows": sum(r.rows for r in mine)}
+        base = rows.get(baseline)
+        for summary in rows.values():
+            summary["speedup"] = (summary["tokens_per_second"] / base["tokens_per_second"]
+                                  if base else None)
+        curve[str(size)] = rows
+    return curve

@@ -74,3 +74,48 @@ def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def format_batch_table(curve: dict[str, dict[str, dict]]) -> str:
+    """Rows: batch size x method; columns: tokens/s, speedup against plain at that batch size, tau
+    and the rows decoded."""
+    width = max([18, *(len(m) for rows in curve.values() for m in rows)])
+    header = f"{'batch':>5s} {'method':{width}s} {'rows':>5s} {'tok/s':>8s} {'speedup':>8s} {'tau':>5s}"
+    lines = [header, "-" * len(header)]
+    for size, rows in curve.items():
+        for method, s in rows.items():
+            lines.append(f"{size:>5s} {method:{width}s} {s['rows']:5d} "
+                         f"{_fmt(s['tokens_per_second'], '8.1f')} {_fmt(s['speedup'], '7.2f')}x "
+                         f"{_fmt(s['tau'], '5.2f')}")
+    return "\n".join(lines)
+
+
+def write_batch_plot(curve: dict[str, dict[str, dict]], out_dir: Path) -> Path:
+    """speedup_by_batch_size.png: each method's speedup over plain decoding against batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    methods = list(dict.fromkeys(m for rows in curve.values() for m in rows))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in methods:
+        points = [(int(size), rows[method]["speedup"]) for size, rows in curve.items()
+                  if method in rows and rows[method]["speedup"] is not None]
+        if points and method != "plain":
+            ax.plot(*zip(*points, strict=True), marker="o", label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="plain")
+    sizes = [int(s) for s in curve]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set(xlabel="batch size", ylabel="speedup over plain decoding (same batch size)",
+           title="Speedup against batch size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "speedup_by_batch_size.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

@@ -78,6 +78,30 @@ class CausalLMRunner:
         self.length = 0
         self.pending = 0
 
+    def additive_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """A bool mask (True = visible) as the float mask the model adds to attention scores."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+
+    def head(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) from last hidden states (..., H), softcapped where the model is."""
+        logits = self.lm_head(last_hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def decode(self, cache, input_ids: torch.Tensor, position_ids: torch.Tensor,
+               attention_mask: torch.Tensor | None = None):
+        """One decoder call appending (B, n) tokens to `cache` (the model's own output object).
+
+        `attention_mask`: (B, 1, n, past + n) additive float mask; None = plain causal."""
+        kwargs = {self._cache_kwarg: cache}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        return self.decoder(input_ids=input_ids.to(self.device),
+                            position_ids=position_ids.to(self.device), use_cache=True,
+                            output_hidden_states=self.output_hidden_states, **kwargs)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -104,25 +128,15 @@ class CausalLMRunner:
         start = self.length + self.pending
         if position_ids is None:
             position_ids = torch.arange(start, start + n, device=self.device)
-        kwargs = {self._cache_kwarg: self.cache}
+        mask = None
         if tree_mask is not None:
             full = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
             full[:, self.length:] = tree_mask
-            mask = torch.zeros(full.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~full, torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = mask[None, None]
-        out = self.decoder(
-            input_ids=tokens[None].to(self.device),
-            position_ids=position_ids[None].to(self.device),
-            use_cache=True,
-            output_hidden_states=self.output_hidden_states,
-            **kwargs,
-        )
+            mask = self.additive_mask(full)[None, None]
+        out = self.decode(self.cache, tokens[None], position_ids[None], mask)
         self.pending += n
         last = out.last_hidden_state[0]
-        logits = self.lm_head(last[-logits_to_keep:] if logits_to_keep else last)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        logits = self.head(last[-logits_to_keep:] if logits_to_keep else last)
         hidden = None
         if self.output_hidden_states:
             hidden = tuple(h[0] for h in out.hidden_states)

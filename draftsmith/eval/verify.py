@@ -9,7 +9,23 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
 from draftsmith.eval.tree import Tree
+
+
+def verify(tree: Tree, target_logits: torch.Tensor, sampling: SamplingConfig,
+           generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """`verify_greedy` at temperature 0, else `verify_sampling` on the tempered distribution.
+
+    Args:
+        tree: the verified tree (n nodes).
+        target_logits: (n, V) target logits at every node.
+        sampling: temperature / top-p.
+        generator: random source of sampling verification.
+    """
+    if sampling.greedy:
+        return verify_greedy(tree, target_logits)
+    return verify_sampling(tree, logits_to_probs(target_logits, sampling), generator)
 
 
 def verify_greedy(tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:

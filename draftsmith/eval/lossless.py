@@ -1,0 +1,147 @@
+"""The lossless gate of `draftsmith eval --check-lossless` (float32).
+
+Greedy: every method, at every batch size, must reproduce plain decoding token for token; a
+failure names the first divergent token. Sampling (temperature > 0): every method's first
+`GATE_TOKENS` tokens, drawn `samples` times with different seeds on each of the first
+`GATE_PROMPTS` prompt turns, must follow the distribution of the model it decodes with, computed
+exactly from that model's logits: a chi-square test per (method, prompt) at level
+`GATE_LEVEL / number of tests` (Bonferroni), so a lossless run fails the gate with probability
+at most about `GATE_LEVEL` = 1e-3 (the chi-square approximation holds with every bin expected at
+least 5 times; see distribution_test.py). A draw the model gives zero probability always fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from draftsmith.eval.distribution_test import MIN_EXPECTED, fit_first_tokens
+from draftsmith.eval.methods import NEEDS_DRAFTER, split_method
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
+from draftsmith.eval.tree import ancestor_mask
+
+GATE_TOKENS = 2
+GATE_PROMPTS = 2
+GATE_LEVEL = 1e-3
+
+
+def first_divergence(tokenizer, reference: list[int], tokens: list[int], item, turn: int) -> dict:
+    """Where a method's tokens first leave plain decoding's, with a few tokens of each as text.
+
+    `item`: anything with `set_name` and `item_id` (a prompt set item, a batch-size turn)."""
+    index = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b),
+                 min(len(reference), len(tokens)))
+    return {"set": item.set_name, "item": item.item_id, "turn": turn, "index": index,
+            "plain": tokenizer.decode(reference[index:index + 4]),
+            "got": tokenizer.decode(tokens[index:index + 4])}
+
+
+def lossless_report(config, divergent: dict, drafters: dict, batched_methods=()) -> dict:
+    """Which methods were compared with plain greedy decoding and the first divergence of each.
+
+    Args:
+        config: the run's EvalConfig.
+        divergent: method (or "METHOD (batch B)") -> its first divergence.
+        drafters: label -> (LoadedDrafter, model).
+        batched_methods: the methods that ran at every batch size above 1.
+
+    Medusa-2 methods decode with a merged copy of the target (their output is that model's by
+    design) and sampling runs differ by design; neither counts as a failure."""
+    merged = {label for label, (d, _) in drafters.items() if d.meta.get("lora")}
+
+    def exempt(method: str) -> bool:
+        base, label = split_method(method)
+        return base in NEEDS_DRAFTER and label in merged
+
+    greedy = config.sampling.greedy
+    checked = [m for m in config.methods[1:] if greedy and not exempt(m)]
+    checked += [f"{m} (batch {b})" for b in config.batch_sizes if b > 1
+                for m in batched_methods if greedy and not exempt(m)]
+    return {"greedy": greedy, "dtype_exact": config.dtype == "float32", "checked": checked,
+            "failures": [{"method": m, **divergent[m]} for m in checked if m in divergent]}
+
+
+def exact_first_tokens(runner, prompt_ids: list[int], sampling: SamplingConfig,
+                       candidates: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The model's distribution of the first token after the prompt, and of the second after each
+    of the `candidates` likeliest first tokens (one tree forward: the candidates as the
+    prompt's last token's children).
+
+    Args:
+        runner: a CausalLMRunner of the model (reset here).
+        prompt_ids: the prompt.
+        sampling: temperature / top-p the distributions are taken under.
+        candidates: how many first tokens get their second-token distribution.
+
+    Returns:
+        (p1 (V,), {x1: p2 (V,)}).
+    """
+    runner.reset()
+    if len(prompt_ids) > 1:
+        runner.forward(torch.tensor(prompt_ids[:-1]))
+        runner.commit()
+    root = runner.forward(torch.tensor(prompt_ids[-1:])).logits[-1]
+    p1 = logits_to_probs(root, sampling).cpu()
+    runner.commit()
+    top = p1.topk(min(candidates, p1.numel())).indices
+    parents = torch.full((top.numel(),), -1)
+    depths = torch.zeros(top.numel(), dtype=torch.long)
+    out = runner.forward(top, runner.length + depths, ancestor_mask(parents, depths))
+    p2 = logits_to_probs(out.logits, sampling).cpu()
+    return p1, {int(x): p2[i] for i, x in enumerate(top.tolist())}
+
+
+def sampling_gate(executor, turns: list, samples: int, log=print) -> dict:
+    """The sampling gate over the first prompt turns (see the module docstring).
+
+    Args:
+        executor: the run's MethodExecutor.
+        turns: the run's prompt turns (`set_name`, `item_id`, `turn`, `prompt_ids`).
+        samples: draws per (method, prompt).
+        log: where progress goes.
+
+    Returns:
+        The `lossless_check` record: settings, every test's result and the failures.
+    """
+    config = executor.config
+    chosen = turns[:GATE_PROMPTS]
+    level = GATE_LEVEL / max(len(chosen) * len(config.methods), 1)
+    eos = set(executor.eos)
+    results = []
+    for turn in chosen:
+        for method in config.methods:
+            log(f"sampling gate: {method} on {turn.set_name}/{turn.item_id}, {samples} draws")
+            # seeds two apart: a draft model's own generator takes seed + 1 (methods.py)
+            draws = [tuple(executor.run(method, turn.prompt_ids, GATE_TOKENS + 1, sampling=replace(
+                config.sampling, seed=config.sampling.seed + 2 * i))[0][:GATE_TOKENS])
+                for i in range(samples)]
+            p1, p2 = exact_first_tokens(executor.target_runner(executor.decoding_model(method),
+                                                               False),
+                                        turn.prompt_ids, config.sampling,
+                                        int(samples / MIN_EXPECTED))
+            fit = fit_first_tokens(draws, p1, p2, eos)
+            results.append({"method": method, "set": turn.set_name, "item": turn.item_id,
+                            "turn": turn.turn, "statistic": fit.statistic, "dof": fit.dof,
+                            "p_value": fit.p_value, "impossible": fit.impossible,
+                            "passed": fit.passed(level)})
+    return {"greedy": False, "dtype_exact": config.dtype == "float32",
+            "test": f"chi-square of the first {GATE_TOKENS} tokens against the model's exact "
+                    "distribution", "samples": samples, "level": GATE_LEVEL,
+            "level_per_test": level, "checked": list(config.methods), "results": results,
+            "failures": [r for r in results if not r["passed"]]}
+
+
+def failure_message(check: dict) -> str:
+    """One line naming every failure of a `lossless_check` record."""
+    if check["greedy"]:
+        return "; ".join(
+            f"{f['method']} diverged from plain decoding on {f['set']}/{f['item']} turn "
+            f"{f['turn']} at new token {f['index']} (plain {f['plain']!r}, got {f['got']!r})"
+            for f in check["failures"])
+    return "; ".join(
+        f"{f['method']} on {f['set']}/{f['item']}: its first {GATE_TOKENS} tokens do not follow "
+        f"the target's distribution (chi-square p = {f['p_value']:.2g} < "
+        f"{check['level_per_test']:.2g}" + (f", {f['impossible']} draws of zero probability"
+                                            if f["impossible"] else "") + ")"
+        for f in check["failures"])
