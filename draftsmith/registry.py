@@ -168,6 +168,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
                                           f.logits_after),
             proposer="heads",
             tree_shapes=("static", "chain"),
+            frozen_prefixes=("lm_head.",),  # shared_head: the target's output layer
             trains_target=lambda cfg: bool(cfg.lora),
         ),
         DrafterSpec(

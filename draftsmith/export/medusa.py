@@ -9,6 +9,14 @@ Matched against FasterDecoding/Medusa `medusa/model/medusa_model.py` (`MedusaCon
 `ResBlock`) and its training script, which saves `medusa_head.state_dict()` under this file name.
 Published Medusa heads are often `medusa_lm_head.pt` (pickle): read only with `allow_pickle`.
 
+Heads trained with `shared_head` (one frozen output layer: the target's) have no way to say so
+in this layout: its loader builds a Linear per head and needs `{i}.{L}.weight` in every one. So
+the export writes the target's output layer into each head (same logits as sharing it) and
+says in config.json that the head is shared (`medusa_shared_head: true`) and which target
+weight it is (`medusa_shared_head_weight`, e.g. `model.embed_tokens.weight` for a target with
+tied embeddings); reading such an export back shares one copy again. `--skip-frozen` is refused
+for it: a layout without the copies would not load in Medusa's code.
+
 vLLM's own Medusa loader expects a different layout (`MedusaModel`, `blocks.*` / `lm_heads.*`)
 and SGLang has no Medusa; neither is produced here.
 """
@@ -40,11 +48,21 @@ def write_medusa(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> 
     where = f"{ckpt.folder}"
     settings = ckpt.meta.get("drafter_config") or {}
     heads, layers = int(settings.get("num_heads", 0)), int(settings.get("num_layers", 0))
+    shared = bool(settings.get("shared_head", False))
     hidden, vocab = ckpt.target_config.hidden_size, ckpt.target_config.vocab_size
-    tensors = {k.removeprefix("heads."): v for k, v in ckpt.tensors.items()}
-    unknown = sorted(k for k in ckpt.tensors if not k.startswith("heads."))
+    tensors = {k.removeprefix("heads."): v for k, v in ckpt.tensors.items() if k != "lm_head.weight"}
+    unknown = sorted(k for k in ckpt.tensors if not k.startswith("heads.")
+                     and not (shared and k == "lm_head.weight"))
     if unknown:
         raise DraftsmithError(f"{where}: unexpected tensors for Medusa heads: {unknown[:5]}")
+    if shared:
+        if opts.skip_frozen:
+            raise DraftsmithError(
+                f"--skip-frozen: {where} shares the target's output layer across its heads, and "
+                f"the Medusa layout cannot point at it (its loader needs {{i}}.{layers}.weight in "
+                "every head), so the export stores a copy per head; export without --skip-frozen")
+        head = require_shape(ckpt.tensors, "lm_head.weight", (vocab, hidden), where)
+        tensors.update({f"{i}.{layers}.weight": head for i in range(heads)})
     for i in range(heads):
         for j in range(layers):
             require_shape(tensors, f"{i}.{j}.linear.weight", (hidden, hidden), where)
@@ -62,6 +80,11 @@ def write_medusa(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> 
         "vocab_size": vocab,
         "torch_dtype": float_dtype_name(tensors),
     }
+    if shared:
+        tied = bool(ckpt.meta["target_config"].get("tie_word_embeddings", False))
+        config["medusa_shared_head"] = True
+        config["medusa_shared_head_weight"] = ("model.embed_tokens.weight" if tied
+                                               else "lm_head.weight")
     write_weights(tensors, out / WEIGHTS_FILE)
     return config
 
@@ -73,7 +96,8 @@ def matches_medusa(config: dict, names: set[str]) -> bool:
 def read_medusa(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
                 ) -> ExportedDrafter:
     """Medusa layout -> draftsmith `heads.{i}.{j}...` names; head and layer counts come from the
-    tensors (a config may list more heads than were trained) and must agree with the config."""
+    tensors (a config may list more heads than were trained) and must agree with the config.
+    With `medusa_shared_head` the heads' output layers must be one tensor, read as `lm_head`."""
     parsed = {}
     for name in tensors:
         match = HEAD_TENSOR.match(name.removeprefix("medusa_head."))
@@ -93,12 +117,21 @@ def read_medusa(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
     final = state.get(f"heads.0.{layers}.weight")
     if final is None:
         raise DraftsmithError(f"{where}: the final Linear of head 0 (0.{layers}.weight) is missing")
+    shared = bool(config.get("medusa_shared_head", False))
+    if shared:
+        finals = [state.pop(f"heads.{i}.{layers}.weight", None) for i in range(heads)]
+        if any(w is None or not torch.equal(w, final) for w in finals):
+            raise DraftsmithError(f"{where}: config.json says medusa_shared_head but the heads' "
+                                  f"output layers ({{i}}.{layers}.weight) are not one tensor; "
+                                  "remove medusa_shared_head or re-export the drafter")
+        state["lm_head.weight"] = final
     vocab, hidden = final.shape
     for key, value in (("hidden_size", hidden), ("vocab_size", vocab)):
         if config.get(key, value) != value:
             raise DraftsmithError(f"{where}: config {key}={config[key]} but the head weights "
                                   f"have {key} {value}")
     return ExportedDrafter(format="medusa", kind="medusa",
-                           settings={"num_heads": heads, "num_layers": layers}, state=state,
+                           settings={"num_heads": heads, "num_layers": layers,
+                                     "shared_head": shared}, state=state,
                            hidden_size=hidden, vocab_size=vocab,
                            base_model=config.get("base_model_name_or_path"))

@@ -2,6 +2,8 @@
 
 Head k = ResBlock x L then Linear(H -> V); ResBlock(x) = x + SiLU(Linear(x)) with the linear
 initialised to zero. Module names match the Medusa checkpoint (`{k}.{j}.linear`, `{k}.{L}`).
+With `shared_head` every head ends in one frozen copy of the target's own output layer
+(`lm_head`) instead, so only the ResBlocks train.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class MedusaConfig:
         labels: `target` (default): each head learns the target's distribution of its token
             (soft cross-entropy: acceptance is decided by the target's choice); `data`: the
             data's tokens (hard labels; right when the data is the target's own answers).
+        shared_head: every head reads its logits through the target's frozen output layer and
+            trains its ResBlocks only (no V x H layer per head: 28M parameters each on a 49k x
+            576 target); False: a trainable output layer per head, started from the target's.
     """
 
     num_heads: int = 4
@@ -39,6 +44,7 @@ class MedusaConfig:
     lora_alpha: int = 16
     heads_weight_joint: float = 0.2
     labels: str = "target"
+    shared_head: bool = False
 
     def __post_init__(self):
         if self.labels not in LABEL_SOURCES:
@@ -46,6 +52,9 @@ class MedusaConfig:
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads={self.num_heads} must be >= 1 and num_layers="
                              f"{self.num_layers} >= 0")
+        if self.shared_head and self.num_layers < 1:
+            raise ValueError("shared_head=true trains the ResBlocks only, but num_layers=0 "
+                             "leaves nothing to train; set num_layers >= 1")
 
 
 class ResBlock(nn.Module):
@@ -60,7 +69,11 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """The K heads; `forward(h)` returns (K, B, T, V) logits."""
+    """The K heads; `forward(h)` returns (K, B, T, V) logits.
+
+    `heads[k]` is head k's ResBlocks followed by its own output layer, or, with `shared_head`,
+    its ResBlocks alone, all heads then ending in `lm_head`: a frozen copy of the target's.
+    """
 
     kind = "medusa"
 
@@ -68,19 +81,31 @@ class MedusaHeads(nn.Module):
         super().__init__()
         hidden, vocab = target_config.hidden_size, target_config.vocab_size
         self.config = config
-        self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden) for _ in range(config.num_layers)],
-                          nn.Linear(hidden, vocab, bias=False))
-            for _ in range(config.num_heads))
+
+        def head_layers() -> list[nn.Module]:
+            blocks = [ResBlock(hidden) for _ in range(config.num_layers)]
+            return blocks if config.shared_head else [*blocks, nn.Linear(hidden, vocab, bias=False)]
+
+        self.heads = nn.ModuleList(nn.Sequential(*head_layers()) for _ in range(config.num_heads))
+        if config.shared_head:
+            self.lm_head = nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
 
     def init_from_target(self, target: nn.Module) -> None:
         head = target.get_output_embeddings().weight.data
-        for block in self.heads:
-            block[-1].weight.data.copy_(head)
+        for layer in [self.lm_head] if self.config.shared_head else [b[-1] for b in self.heads]:
+            layer.weight.data.copy_(head)
+
+    def head(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Head k's logits. (..., H) -> (..., V)"""
+        out = self.heads[k](hidden.to(self.dtype))
+        return self.lm_head(out) if self.config.shared_head else out
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden.to(self.heads[0][-1].weight.dtype)
-        return torch.stack([head(hidden) for head in self.heads])
+        return torch.stack([self.head(k, hidden) for k in range(len(self.heads))])
 
 
 def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -92,13 +117,12 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     choice for that token. Heads run only on trained positions."""
     t = input_ids.shape[1]
     index = torch.arange(t, device=input_ids.device)[None]
-    dtype = heads.heads[0][-1].weight.dtype
     total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
-    for k, head in enumerate(heads.heads):
+    for k in range(len(heads.heads)):
         valid = (shift_left(loss_mask, 2 + k) > 0) & (index < t - 2 - k)
         count = valid.sum().clamp_min(1)
-        logits = head(features[valid].to(dtype)).float()
+        logits = heads.head(k, features[valid]).float()
         teacher = target_logits_after(valid, 1 + k)
         head_loss = token_loss_sum(logits, teacher, shift_left(input_ids, 2 + k)[valid],
                                    heads.config.labels) / count

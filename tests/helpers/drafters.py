@@ -1,14 +1,19 @@
 """Small settings for every registered drafter kind, so tests that loop over the registry build
 drafters that fit a tiny target and train in a second. A kind without an entry uses its
-defaults, so a new kind is tested without editing this table."""
+defaults, so a new kind is tested without editing this table; a setting that changes what
+trains (Medusa's shared head) is a variant, trained by the same tests."""
 
 from __future__ import annotations
+
+import pytest
 
 from draftsmith.registry import DRAFTERS
 
 # the fewest heads / modules / TTT steps that still exercise every code path of the kind
 SMALL = {"medusa": {"num_heads": 2}, "mtp": {"num_modules": 2},
          "eagle3": {"draft_vocab_size": 96, "ttt_steps": 2}}
+# settings that change which parameters train, each a case of the shared training tests
+VARIANTS = {"medusa": {"shared_head": {"shared_head": True}}}
 
 
 def small_settings(kind: str) -> dict:
@@ -16,3 +21,15 @@ def small_settings(kind: str) -> dict:
     if kind not in DRAFTERS:
         raise KeyError(f"{kind!r} is not a registered drafter kind")
     return dict(SMALL.get(kind, {}))
+
+
+def training_cases() -> list:
+    """pytest params (kind, settings): every registered kind with its small settings, and each
+    of its VARIANTS on top of them (ids `medusa`, `medusa-shared_head`, ...)."""
+    cases = []
+    for kind in DRAFTERS:
+        cases.append(pytest.param(kind, small_settings(kind), id=kind))
+        for name, extra in VARIANTS.get(kind, {}).items():
+            cases.append(pytest.param(kind, {**small_settings(kind), **extra},
+                                      id=f"{kind}-{name}"))
+    return cases

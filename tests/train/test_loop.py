@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.registry import DRAFTERS
+from draftsmith.registry import get_spec
 from draftsmith.train import metrics as metrics_module
 from draftsmith.train.loop import run_training
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
-from tests.helpers.drafters import small_settings
+from tests.helpers.drafters import small_settings, training_cases
 from tests.helpers.state import reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
 
@@ -32,17 +32,30 @@ def examples(n=24, t=20, seed=0):
     return rows
 
 
-def recipe_for(kind, tmp_path, **train):
+def recipe_for(kind, tmp_path, settings=None, **train):
     values = {"batch_size": 4, "max_steps": 6, "warmup_steps": 1, "lr": 1e-3,
               "output_dir": str(tmp_path / kind), "eval_fraction": 0.2, **train}
-    return build_recipe({"drafter": {"kind": kind, **small_settings(kind)}, "train": values})
+    settings = small_settings(kind) if settings is None else settings
+    return build_recipe({"drafter": {"kind": kind, **settings}, "train": values})
 
 
-@pytest.mark.parametrize("kind", list(DRAFTERS))
-def test_every_kind_trains_and_saves(kind, tmp_path):
+@pytest.mark.parametrize("kind, settings", training_cases())
+def test_every_kind_trains_and_saves(kind, settings, tmp_path):
+    from accelerate.utils import set_seed
+
     target = tiny_target("llama")
-    out = run_training(recipe_for(kind, tmp_path), examples(), target=target)
+    target_before = {n: p.clone() for n, p in target.named_parameters()}
+    recipe = recipe_for(kind, tmp_path, settings)
+    out = run_training(recipe, examples(), target=target)
     weights = load_file(out / "model.safetensors")
+    set_seed(recipe.train.seed)  # the drafter the loop started from
+    start = get_spec(kind).build(target.config, recipe.drafter_config())
+    start.init_from_target(target)
+    for name, param in start.named_parameters():
+        moved = not torch.equal(weights[name], param.detach())
+        assert moved == param.requires_grad, f"{name}: trainable={param.requires_grad}, moved={moved}"
+    for name, param in target.named_parameters():
+        assert torch.equal(param, target_before[name]), f"target {name} changed"
     meta = json.loads((out / "draftsmith_drafter.json").read_text())
     assert meta["kind"] == kind and meta["training_steps"] == 6
     assert weights and all(torch.isfinite(w.float()).all() for w in weights.values())
