@@ -42,10 +42,23 @@ class EvalSection:
     tree: dict = field(default_factory=lambda: {"topk": 3, "depth": 4, "total_tokens": 8})
     autotune_tree: bool = False  # pick depth and size per dynamic-tree method on this machine
     methods: dict = field(default_factory=dict)  # method -> display name, in run order
+    check_lossless: bool = False  # the greedy run also gates every method on plain's output
+    datastore: bool = False  # REST reads the data step's datastore (data.datastore)
+    # extra greedy runs, each in its own folder: name -> {methods: [...], batch_sizes: [...],
+    # target_quant: [...]} (the batch-size curve; the quantized-target rows)
+    passes: dict = field(default_factory=dict)
 
     def __post_init__(self):
         """Checked when the file is read, not hours later when the evaluation starts."""
         from draftsmith.data.prompts import SOURCES
+
+        allowed = {"methods", "batch_sizes", "target_quant"}
+        if not isinstance(self.passes, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("methods"), list) and set(v) <= allowed
+                for v in self.passes.values()):
+            raise DraftsmithError(f"eval.passes = {self.passes!r}: map a name to {{methods: [...], "
+                                  "batch_sizes: [1, 2, 4, 8]}} or {methods: [...], target_quant: "
+                                  "[none, int8]}")
 
         unknown = [name for name in self.bench if name not in SOURCES] if isinstance(
             self.bench, list) else [self.bench]
@@ -141,8 +154,20 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "
                                   f"({', '.join(sorted(labels))})")
-    try:
-        check_methods(["plain", *evaluation.methods], evaluation.draft_model is not None, labels)
+    passes = [m for spec in evaluation.passes.values() for m in spec["methods"]]
+    for method in passes:
+        label = split_method(method)[1]
+        if label and label not in labels:
+            raise DraftsmithError(f"{path}: eval.passes method {method!r} names no drafter in "
+                                  f"`kinds` ({', '.join(sorted(labels))})")
+    methods = list(dict.fromkeys([*evaluation.methods, *passes]))
+    if "rest" in methods and not evaluation.datastore:
+        raise DraftsmithError(f"{path}: eval method 'rest' retrieves from the data step's "
+                              "datastore: set eval.datastore: true and data.datastore in "
+                              f"{config.data}")
+    try:  # the datastore is made by the data step, later: only its presence is checked here
+        check_methods(["plain", *[m for m in methods if m != "rest"]],
+                      evaluation.draft_model is not None, labels)
     except DraftsmithError as err:
         message = str(err).replace("add --draft-model", "set eval.draft_model")
         raise DraftsmithError(f"{path}: eval.methods: {message}") from None

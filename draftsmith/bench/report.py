@@ -307,6 +307,19 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
     return paths
 
 
+def _regenerated(data: dict) -> str:
+    """How the answers were made, from the data step's summary."""
+    regen = data.get("regeneration") or {}
+    server = regen.get("server") or {}
+    rate = (regen.get("new_tokens") or {}).get("tokens_per_second")
+    how = (f"through {server.get('engine', 'a server')} serving {server.get('model')} (greedy "
+           f"agreement with the target {_fmt(server.get('greedy_agreement'), '.0%')})"
+           if server else "in process")
+    return (f"answered again by the target {how} at {_fmt(rate, '.1f')} new tokens/s "
+            f"({_fmt(regen.get('conversations'), ',')} regenerated, "
+            f"{len(regen.get('failed') or [])} failed, {_fmt(regen.get('skipped'), ',')} skipped)")
+
+
 def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str]:
     """The markdown of one target; copies its eval.json files next to the plots."""
     cfg = bench["config"]
@@ -323,7 +336,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "**Data** (shared by every drafter): "
              f"{_fmt(rendering.get('rendered'), ',')} conversations, "
              f"{_fmt(rendering.get('tokens'), ',')} tokens, {_fmt(rendering.get('masked_tokens'), ',')} "
-             f"in the loss, {'answered again by the target' if regenerated else 'responses as written (labels are the target logits)'}; "
+             f"in the loss, {_regenerated(data) if regenerated else 'responses as written (labels are the target logits)'}; "
              f"hidden-state cache {_fmt(cache.get('bytes_per_token'), ',.0f')} bytes/token. "
              f"Prompts: {', '.join(cfg['eval']['bench'])}, {cfg['eval']['limit']} item(s) each "
              f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. "
@@ -346,6 +359,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     ordering = _ordering(bench)
     if ordering:
         lines += ["### Ordering by tau (greedy)", "", *ordering, ""]
+    lines += _passes_section(bench, folder)
     limits = _limits(bench, overhead)
     if limits:
         lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]
@@ -353,6 +367,28 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
         if (folder / f"{name}.png").is_file():
             lines.append(f"![{name}]({folder}/{name}.png)")
     return [*lines, ""]
+
+
+def _passes_section(bench: dict, folder: Path) -> list[str]:
+    """The extra greedy runs: the batch-size curve (table and plot) and the quantized-target
+    rows, each measured in one run on the same prompts as the main table."""
+    from draftsmith.eval.report import format_batch_table, format_variant_table, write_batch_plot
+
+    lines = []
+    for name, result in (bench.get("passes") or {}).items():
+        if result.get("batch_sizes"):
+            plot = write_batch_plot(result["batch_sizes"], folder)
+            skipped = result.get("batch_skipped") or {}
+            lines += [f"### Batch sizes (`{name}` run, greedy): speedup over plain decoding at the "
+                      "same batch size", "", "```", format_batch_table(result["batch_sizes"]),
+                      "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
+                                   if skipped else []),
+                      *_lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
+        if result.get("target_variants"):
+            lines += [f"### Quantized target (`{name}` run, greedy): the same drafters verified "
+                      "by a quantized copy of the target", "", "```",
+                      format_variant_table(result["target_variants"]), "```", ""]
+    return lines
 
 
 def verify_cost_section(machine_path: Path) -> list[str]:

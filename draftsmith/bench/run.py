@@ -164,24 +164,43 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
 
 def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
     """All methods side by side at one temperature (skipped when its eval.json exists)."""
+
+    ev = config.eval
+    return _run_eval(config, Path(config.out_dir) / f"eval_t{temperature:g}", tuple(ev.methods),
+                     log, temperature=temperature,
+                     check_lossless=ev.check_lossless and temperature == 0)
+
+
+def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
+    """One of `eval.passes` (greedy), e.g. the batch-size curve or the quantized target."""
+    spec = config.eval.passes[name]
+    extra = {k: tuple(spec[k]) for k in ("batch_sizes", "target_quant") if k in spec}
+    return _run_eval(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,
+                     temperature=0.0, **extra)
+
+
+def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
+              temperature: float, **fields) -> dict:
+    """One evaluation run into `out` (skipped when its eval.json exists)."""
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
 
-    ev = config.eval
-    out = Path(config.out_dir) / f"eval_t{temperature:g}"
     if (out / "eval.json").is_file():
         return json.loads((out / "eval.json").read_text())
+    ev = config.eval
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)
-    used = {split_method(m)[1] for m in ev.methods}
+    used = {split_method(m)[1] for m in methods}
     tree = {f"tree_{key}": value for key, value in ev.tree.items()}
+    datastore = Path(config.out_dir) / "data" / "datastore"
     eval_config = build_eval_config(
         temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
         lookup_tokens=ev.lookup_tokens, **tree, autotune_tree=ev.autotune_tree,
+        datastore=str(datastore) if ev.datastore else None,
         target=config.target, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
         bench=tuple(ev.bench), limit=ev.limit, max_new_tokens=ev.max_new_tokens,
-        methods=("plain", *ev.methods), out_dir=str(out))
+        methods=("plain", *methods), out_dir=str(out), **fields)
     return run_eval(eval_config, log=log)
 
 
@@ -204,6 +223,12 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
         elif (out / f"eval_t{temperature:g}" / "eval.json").is_file():
             evals[f"{temperature:g}"] = json.loads(
                 (out / f"eval_t{temperature:g}" / "eval.json").read_text())
+    passes = {}
+    for name in config.eval.passes:
+        if "eval" in stages:
+            passes[name] = evaluate_pass(config, name, log)
+        elif (out / f"eval_{name}" / "eval.json").is_file():
+            passes[name] = json.loads((out / f"eval_{name}" / "eval.json").read_text())
     data_summary = out / "data" / "summary.json"
     payload = {
         "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds]},
@@ -212,6 +237,8 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
         "curves": {label: [r for r in _metrics(out / "train" / label)
                            if any(k.startswith("eval/") for k in r)] for label in records},
         "eval": {t: {k: v for k, v in e.items() if k != "records"} for t, e in evals.items()},
+        "passes": {n: {k: v for k, v in e.items() if k not in ("records", "batch_records")}
+                   for n, e in passes.items()},
     }
     path = out / "bench.json"
     write_json(path, payload)
