@@ -147,6 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
         limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
+        target_quant=args.target_quant,
         trust_remote_code=args.trust_remote_code,
     )
     run_eval(config)
@@ -228,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=positive_int_arg, default=5,
                     help="items per prompt set (per category of a prompt file)")
     ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
+    ev.add_argument("--target-quant", default="none",
+                    help="target variants, e.g. none,int8: every method also runs against an int8 "
+                    "copy of the target (CPU, float32 base) on the same prompts, each with "
+                    "speedup against its own plain decoding and the acceptance drop against the "
+                    "target as loaded; that copy's output is the int8 model's (default: none)")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)

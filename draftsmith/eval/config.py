@@ -10,6 +10,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import ProposerSettings, check_methods
 from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.quantize import parse_target_quant
 from draftsmith.target import DTYPE_CHOICES, resolve_device
 
 
@@ -43,6 +44,8 @@ class EvalConfig:
         lossless_samples: draws per method and prompt of the sampling gate.
         batch_sizes: batch sizes to measure, 1 first: above 1, plain decoding and the chain
             methods decode batches of prompts at once (eval/batch_sizes.py).
+        target_quant: target variants, `none` (the target as loaded) first: every method also
+            runs against each quantized copy (eval/target_variants.py, draftsmith/quantize.py).
     """
 
     target: str = DEFAULT_TARGET
@@ -64,9 +67,20 @@ class EvalConfig:
     check_lossless: bool = False
     lossless_samples: int = 300
     batch_sizes: tuple[int, ...] = (1,)
+    target_quant: tuple[str, ...] = ("none",)
 
     def __post_init__(self):
         self.batch_sizes = parse_batch_sizes(self.batch_sizes)
+        self.target_quant = parse_target_quant(self.target_quant)
+        if len(self.target_quant) > 1 and self.dtype not in ("auto", "float32"):
+            raise DraftsmithError(f"--target-quant {','.join(self.target_quant)} quantizes a "
+                                  f"float32 target; drop --dtype {self.dtype} or pass --dtype "
+                                  "float32")
+        if len(self.target_quant) > 1 and resolve_device(self.device).type != "cpu":
+            raise DraftsmithError(f"--target-quant {','.join(self.target_quant)} runs on the CPU "
+                                  "(its int8 kernels are CPU kernels); pass --device cpu")
+        if len(self.target_quant) > 1:
+            self.dtype = "float32"
         if isinstance(self.lossless_samples, bool) or not isinstance(self.lossless_samples, int) \
                 or self.lossless_samples < 50:
             raise DraftsmithError(f"--lossless-samples {self.lossless_samples!r} must be an "

@@ -42,9 +42,11 @@ from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import (
     format_batch_table,
     format_table,
+    format_variant_table,
     write_batch_plot,
     write_plots,
 )
+from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.target import load_target
@@ -119,12 +121,14 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}], runner.chat_template)
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
         runner.run(method, warm, 8)
+    variants = TargetVariants(runner, log)  # quantized copies of the target (--target-quant)
+    variants.warm(warm)
 
     records: list[RunRecord] = []
     identical = {m: [0, 0] for m in config.methods[1:]}
     divergent: dict[str, dict] = {}  # method -> its first divergence from plain decoding
     turns: list[Turn] = []  # every prompt turn with plain's answer (batch sizes, sampling gate)
-    total = sum(len(p.turns) for p in prompts) * len(config.methods)
+    total = sum(len(p.turns) for p in prompts) * len(config.methods) * (1 + len(variants))
     with tqdm(total=total, desc="eval", unit="run") as progress:
         for item in prompts:
             messages: list[dict] = []
@@ -146,6 +150,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                             divergent[method] = first_divergence(
                                 tokenizer, reference, tokens, item, turn)
                     progress.update()
+                variants.run_turn(prompt_ids, item, turn, progress)
                 turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids, reference))
                 messages.append({"role": "assistant",
                                  "content": tokenizer.decode(reference, skip_special_tokens=True)})
@@ -170,6 +175,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     else:
         chains = [m for m in config.methods if m not in batched["batch_skipped"]] if batched else []
         check = lossless_report(config, divergent, drafters, chains)
+    variants.extend_lossless(check)
     out_dir = Path(config.out_dir)
     machine = hardware_record(config.device, target.dtype_choice)
     payload = {
@@ -187,6 +193,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                      for label, path in config.all_drafters() if label in drafters
                      for d in [drafters[label][0]]},
         "summary": table,
+        "target_variants": variants.report(table),
         "lossless_check": check,
         "records": [r.to_dict() for r in records],
         **batched,
@@ -194,6 +201,8 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     json_path = write_json(out_dir / "eval.json", payload)
     plots = write_plots(table, out_dir)
     log(format_table(table))
+    if variants:
+        log(format_variant_table(payload["target_variants"]))
     if batched:
         plots.append(write_batch_plot(batched["batch_sizes"], out_dir))
         log(format_batch_table(batched["batch_sizes"]))

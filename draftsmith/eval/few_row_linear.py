@@ -125,7 +125,9 @@ def install_few_row_linear(model: torch.nn.Module, max_rows: int | None = None) 
     Returns:
         The number of linears that take the skinny form for some row count.
     """
+    # a quantized weight (torchao's tensor subclasses) reports float32 but has no plain `mm`
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear
+               and type(m.weight) is torch.nn.Parameter
                and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
     if not linears:
         return 0

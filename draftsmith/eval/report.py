@@ -119,3 +119,28 @@ def write_batch_plot(curve: dict[str, dict[str, dict]], out_dir: Path) -> Path:
     plt.close(fig)
     return path
 
+
+def format_variant_table(variants: dict[str, dict]) -> str:
+    """The target variants side by side (all sets): per variant and method tau, tokens/s, speedup
+    against that variant's plain decoding, acceptance at depths 1-3, the tau and depth-1
+    acceptance drop against the target as loaded and tokens/s against its plain decoding; then
+    what each variant's output is."""
+    width = max([18, *(len(m) for v in variants.values() for m in v["summary"]["all"])])
+    header = (f"{'target':8s} {'method':{width}s} {'tau':>5s} {'tok/s':>7s} {'speedup':>8s} "
+              f"{'acc@1':>6s} {'acc@2':>6s} {'acc@3':>6s} {'tau drop':>8s} {'acc@1 drop':>10s} "
+              f"{'vs none plain':>13s}")
+    lines = ["target variants: speedup against the same target's plain decoding; drops (positive "
+             "= fewer accepted) and tokens/s against the target as loaded (none)",
+             header, "-" * len(header)]
+    for name, variant in variants.items():
+        for method, s in variant["summary"]["all"].items():
+            acc = (s["acceptance_by_depth"] + [None] * 3)[:3]
+            lines.append(
+                f"{name:8s} {method:{width}s} {_fmt(s['tau'], '5.2f')} "
+                f"{_fmt(s['tokens_per_second'], '7.1f')} {_fmt(s['speedup'], '7.2f')}x "
+                f"{_fmt(acc[0], '6.2f')} {_fmt(acc[1], '6.2f')} {_fmt(acc[2], '6.2f')} "
+                f"{_fmt(s.get('tau_drop'), '8.2f')} "
+                f"{_fmt((s.get('acceptance_drop_by_depth') or [None])[0], '10.2f')} "
+                f"{_fmt(s.get('speedup_vs_loaded_plain', s['speedup']), '12.2f')}x")
+    lines += [f"{name}: verified output is {v['verified_output']}" for name, v in variants.items()]
+    return "\n".join(lines)
