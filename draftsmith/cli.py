@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.bench.cli import add_bench_parser
     from draftsmith.data.cli import add_data_parser
     from draftsmith.export.cli import add_export_parser, add_push_parser
+    from draftsmith.serving.serve_check_cli import add_serve_check_parser
 
     add_data_parser(verbs)
 
@@ -265,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(verbs)
     add_push_parser(verbs)
     add_bench_parser(verbs)
+    add_serve_check_parser(verbs)
     return parser
 
 

@@ -5,7 +5,9 @@ The engine is llama.cpp's native C++ server from the `xllamacpp` wheel on PyPI (
 x86/ARM, so nothing compiles here), installed once into `<cache>/engines/xllamacpp-<version>/`
 with its own Python environment, never into the project's. `LlamaCppServer` starts
 `llama_cpp_launch.py` there, waits until `/health` answers, and stops it when the block ends,
-also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when it fails.
+also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when it fails. Given a
+`DraftOptions`, the server decodes speculatively with a draft GGUF (e.g. an EAGLE-3 drafter from
+`draftsmith.export.gguf`) and can serve its Prometheus `/metrics` (spec-decode counters).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -76,6 +79,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class DraftOptions:
+    """Speculative decoding in llama.cpp's server.
+
+    Attributes:
+        gguf: the draft model file.
+        spec_type: llama-server's `--spec-type` (`draft-eagle3`, `draft-simple`, `draft-mtp` ...).
+        draft_max: draft tokens per step at most (`--spec-draft-n-max`).
+        draft_min: draft tokens per step at least.
+        p_min: drafting stops at a draft token less likely than this; 0 always drafts draft_max.
+    """
+
+    gguf: Path
+    spec_type: str = "draft-eagle3"
+    draft_max: int = 3
+    draft_min: int = 0
+    p_min: float = 0.0
+
+    def flags(self) -> list[str]:
+        return ["--draft-model", str(self.gguf), "--spec-type", self.spec_type,
+                "--draft-max", str(self.draft_max), "--draft-min", str(self.draft_min),
+                "--draft-p-min", str(self.p_min)]
+
+
 class LlamaCppServer:
     """`with LlamaCppServer(gguf) as server:` serves `gguf` at `server.base_url` (OpenAI API).
 
@@ -87,12 +114,15 @@ class LlamaCppServer:
         alias: the model name the server answers to (default: the file name).
         log_path: where the server's output goes (default: beside the engine).
         startup_timeout: seconds to wait for `/health`.
+        draft: decode speculatively with this draft (None: plain decoding).
+        metrics: serve Prometheus `/metrics` at `server.root_url`.
     """
 
     def __init__(self, gguf: str | Path, *, parallel: int = 16, ctx_per_slot: int = 2048,
                  threads: int | None = None, alias: str | None = None,
                  log_path: str | Path | None = None, startup_timeout: float = 180.0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, draft: DraftOptions | None = None,
+                 metrics: bool = False):
         self.gguf = Path(gguf)
         self.parallel, self.ctx_per_slot = parallel, ctx_per_slot
         self.threads = threads or len(os.sched_getaffinity(0))
@@ -100,12 +130,18 @@ class LlamaCppServer:
         self.log_path = Path(log_path) if log_path else engine_dir() / "server.log"
         self.startup_timeout = startup_timeout
         self.log = log
+        self.draft, self.metrics = draft, metrics
         self.process: subprocess.Popen | None = None
         self.port = 0
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """Where llama.cpp's own endpoints are (`/completion`, `/metrics`, `/health`)."""
+        return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> LlamaCppServer:
         if not self.gguf.is_file():
@@ -117,6 +153,12 @@ class LlamaCppServer:
         command = [str(python), str(LAUNCHER), "--model", str(self.gguf), "--port", str(self.port),
                    "--parallel", str(self.parallel), "--ctx-per-slot", str(self.ctx_per_slot),
                    "--threads", str(self.threads), "--alias", self.alias]
+        if self.draft:
+            if not self.draft.gguf.is_file():
+                raise DraftsmithError(f"draft model {self.draft.gguf} does not exist")
+            command += self.draft.flags()
+        if self.metrics:
+            command.append("--metrics")
         with open(self.log_path, "w") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL)
@@ -125,17 +167,20 @@ class LlamaCppServer:
         except BaseException:
             self.stop()
             raise
-        self.log(f"llama.cpp server on {self.base_url}: {self.gguf.name}, {self.parallel} slots x "
-                 f"{self.ctx_per_slot} tokens, {self.threads} threads (log: {self.log_path})")
+        drafting = (f", {self.draft.spec_type} draft {self.draft.gguf.name} x "
+                    f"{self.draft.draft_max}" if self.draft else "")
+        self.log(f"llama.cpp server on {self.base_url}: {self.gguf.name}{drafting}, {self.parallel} "
+                 f"slots x {self.ctx_per_slot} tokens, {self.threads} threads (log: {self.log_path})")
         return self
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        url = f"http://127.0.0.1:{self.port}/health"
+        url = f"{self.root_url}/health"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                loading = f"{self.gguf} and {self.draft.gguf}" if self.draft else f"{self.gguf}"
                 raise DraftsmithError(f"llama.cpp's server exited with code "
-                                      f"{self.process.returncode} while loading {self.gguf}:\n"
+                                      f"{self.process.returncode} while loading {loading}:\n"
                                       f"{self.log_tail()}")
             try:
                 if httpx.get(url, timeout=2.0).status_code == 200:

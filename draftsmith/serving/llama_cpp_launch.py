@@ -2,13 +2,33 @@
 
 A standalone script, run by the engine environment's own Python (see `llama_cpp.py`), which has
 `xllamacpp` (llama.cpp's native C++ server in a prebuilt PyPI wheel) and nothing of draftsmith.
-It prints `listening <url>` once the model is loaded.
+It prints `listening <url>` once the model is loaded, and exits on SIGTERM/SIGINT or when the
+process that started it is gone. With `--draft-model` the server decodes
+speculatively with that draft (`--spec-type`, e.g. `draft-eagle3`, as llama-server's flag of that
+name) and `--draft-max` tokens per step.
 """
 
 import argparse
+import os
 import signal
 
 import xllamacpp
+
+
+def set_draft(params: "xllamacpp.CommonParams", args: argparse.Namespace) -> None:
+    """Speculative decoding with the draft in `args.draft_model` (method from `--spec-type`)."""
+    name = "COMMON_SPECULATIVE_TYPE_" + args.spec_type.upper().replace("-", "_")
+    if not hasattr(xllamacpp.common_speculative_type, name):
+        known = [t.removeprefix("COMMON_SPECULATIVE_TYPE_").lower().replace("_", "-")
+                 for t in xllamacpp.common_speculative_type.__members__]
+        raise SystemExit(f"unknown --spec-type {args.spec_type!r}; this build knows {known}")
+    spec = params.speculative
+    spec.types = [getattr(xllamacpp.common_speculative_type, name)]
+    spec.draft.mparams.path = args.draft_model
+    spec.draft.n_max, spec.draft.n_min, spec.draft.p_min = args.draft_max, args.draft_min, \
+        args.draft_p_min
+    spec.draft.cpuparams.n_threads = args.threads
+    spec.draft.cpuparams_batch.n_threads = args.threads
 
 
 def main() -> None:
@@ -19,6 +39,14 @@ def main() -> None:
     parser.add_argument("--ctx-per-slot", type=int, default=2048, help="tokens of context a slot holds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--alias", default=None, help="the model name the server answers to")
+    parser.add_argument("--draft-model", help="a draft .gguf: decode speculatively with it")
+    parser.add_argument("--spec-type", default="draft-eagle3",
+                        help="speculative method, as llama-server's --spec-type (draft-eagle3 ...)")
+    parser.add_argument("--draft-max", type=int, default=3, help="draft tokens per step at most")
+    parser.add_argument("--draft-min", type=int, default=0, help="draft tokens per step at least")
+    parser.add_argument("--draft-p-min", type=float, default=0.0,
+                        help="stop drafting below this draft probability (0: always draft-max)")
+    parser.add_argument("--metrics", action="store_true", help="serve Prometheus /metrics")
     args = parser.parse_args()
     params = xllamacpp.CommonParams()
     params.model.path = args.model
@@ -31,11 +59,17 @@ def main() -> None:
     params.warmup = False
     if args.alias:
         params.model_alias = {args.alias}
+    params.endpoint_metrics = args.metrics
+    if args.draft_model:
+        set_draft(params, args)
     signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the server's threads inherit the mask
+    parent = os.getppid()
     server = xllamacpp.Server(params)
     print(f"listening {server.listening_address}", flush=True)
-    signal.sigwait(signals)
+    # until told to stop, or until the process that started it is gone (killed without cleanup)
+    while signal.sigtimedwait(signals, 1.0) is None and os.getppid() == parent:
+        pass
 
 
 if __name__ == "__main__":

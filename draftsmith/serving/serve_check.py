@@ -1,0 +1,141 @@
+"""`draftsmith serve-check`: an EAGLE-3 export run by a real serving engine (llama.cpp), checked.
+
+The export is converted to a draft GGUF with llama.cpp's own converter, then the engine serves the
+target's GGUF twice on loopback: plain, and with the draft (`draft-eagle3`, `draft_max` tokens a
+step). The same prompts (rendered with the target's chat template, sent as token ids) are decoded
+greedily by both. The check passes when every speculative answer equals the plain one token for
+token and the engine accepts more than `min_acceptance` of the draft tokens; acceptance ~0 in an
+engine is the field's common export failure (missing aux layer ids, wrong norms, skipped keys).
+Optionally draftsmith's own loop decodes the same prompts with the same drafter and chain length,
+for engine-vs-loop tau and acceptance per draft position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.data.prompts import BenchPrompt
+from draftsmith.errors import DraftsmithError
+from draftsmith.serving.engine_requests import (
+    EngineAnswer,
+    accepted_per_position,
+    complete_greedy,
+    read_metrics,
+)
+from draftsmith.serving.llama_cpp import DraftOptions, LlamaCppServer
+
+
+@dataclass(frozen=True)
+class ServeCheckSettings:
+    """What `serve-check` runs.
+
+    Attributes:
+        draft_max: draft tokens per engine step (and the chain length of draftsmith's loop).
+        max_new_tokens: greedy tokens per prompt.
+        min_acceptance: fail below this engine acceptance rate (accepted / drafted tokens).
+        threads: engine CPU threads (None: every core this process may use).
+        loop: also decode with draftsmith's own loop for the side-by-side numbers.
+    """
+
+    draft_max: int = 3
+    max_new_tokens: int = 128
+    min_acceptance: float = 0.05
+    threads: int | None = None
+    loop: bool = False
+
+    def __post_init__(self):
+        if self.draft_max < 1:
+            raise DraftsmithError(f"--draft-max {self.draft_max} must be >= 1")
+        if self.max_new_tokens < 1:
+            raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise DraftsmithError(f"--min-acceptance {self.min_acceptance} must be in [0, 1]")
+
+
+@dataclass
+class EngineRun:
+    """One pass of the engine over every prompt."""
+
+    answers: list[EngineAnswer]
+    metrics: dict[str, float]
+
+    @property
+    def tokens_per_second(self) -> float:
+        tokens = sum(len(a.tokens) for a in self.answers)
+        seconds = sum(a.predicted_ms for a in self.answers) / 1000
+        return tokens / seconds if seconds > 0 else 0.0
+
+
+def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSettings, log_path: Path,
+               draft: DraftOptions | None = None, log: Callable[[str], None] = print) -> EngineRun:
+    """Greedy answers to every prompt from one llama.cpp server (one slot, requests in turn)."""
+    longest = max(len(p) for p in prompts) + settings.max_new_tokens + settings.draft_max + 8
+    with LlamaCppServer(gguf, parallel=1, ctx_per_slot=longest, threads=settings.threads,
+                        log_path=log_path, log=log, draft=draft, metrics=True) as server:
+        answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
+                   for ids in prompts]
+        return EngineRun(answers, read_metrics(server.root_url))
+
+
+def engine_acceptance(run: EngineRun, draft_max: int) -> dict:
+    """tau, acceptance rate and acceptance per draft position from the engine's own counters."""
+    drafted = sum(a.draft_n for a in run.answers)
+    accepted = sum(a.draft_accepted for a in run.answers)
+    tokens = sum(len(a.tokens) for a in run.answers)
+    steps = sum(a.target_steps for a in run.answers)
+    drafts = run.metrics.get("llamacpp:spec_decode_num_drafts_total", 0.0)
+    per_position = [round(n / drafts, 4) if drafts else 0.0
+                    for n in accepted_per_position(run.metrics, draft_max)]
+    return {"tau": round(tokens / max(steps, 1), 4),
+            "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
+            "draft_tokens": drafted, "accepted_tokens": accepted, "drafts": int(drafts),
+            "acceptance_per_position": per_position}
+
+
+def first_difference(plain: list[int], spec: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length when one is a prefix), or None."""
+    for i, (a, b) in enumerate(zip(plain, spec, strict=False)):
+        if a != b:
+            return i
+    return None if len(plain) == len(spec) else min(len(plain), len(spec))
+
+
+def prompt_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
+    """Each prompt's first turn in the target's chat template."""
+    from draftsmith.chat import render_chat
+
+    return [render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
+
+
+def compare_outputs(prompts: list[BenchPrompt], plain: EngineRun, spec: EngineRun) -> list[dict]:
+    """One record per prompt: lengths, whether the answers are identical and where they differ."""
+    records = []
+    for prompt, a, b in zip(prompts, plain.answers, spec.answers, strict=True):
+        diff = first_difference(a.tokens, b.tokens)
+        records.append({"set": prompt.set_name, "id": prompt.item_id,
+                        "new_tokens": len(b.tokens), "identical": diff is None,
+                        "first_difference": diff, "draft_n": b.draft_n,
+                        "draft_accepted": b.draft_accepted})
+    return records
+
+
+def failures(summary: dict, settings: ServeCheckSettings) -> list[str]:
+    """What makes the check fail, in words that say where to look."""
+    problems = []
+    same, total = summary["identical"]
+    if same < total:
+        bad = next(r for r in summary["records"] if not r["identical"])
+        problems.append(f"greedy outputs differ from plain decoding in the engine on {total - same} "
+                        f"of {total} prompts (first: {bad['set']}/{bad['id']} at new token "
+                        f"{bad['first_difference']}); speculation must not change greedy output")
+    engine = summary["engine_stats"]
+    rate = engine["acceptance"]
+    if rate < settings.min_acceptance:
+        problems.append(
+            f"the engine accepted {engine['accepted_tokens']} of {engine['draft_tokens']} draft tokens ({rate:.1%} < --min-acceptance "
+            f"{settings.min_acceptance:.0%}): the export and the engine disagree. Usual causes: "
+            "aux layer ids missing or shifted, wrong norms, skipped keys, a draft vocabulary "
+            "mapping (d2t) lost; an untrained drafter also accepts nothing")
+    return problems

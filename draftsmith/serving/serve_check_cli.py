@@ -1,0 +1,72 @@
+"""The `serve-check` verb; `draftsmith.cli` adds it with `add_serve_check_parser(verbs)`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from draftsmith.config_values import positive_int_arg
+from draftsmith.errors import DraftsmithError
+
+ENGINES = ("llama.cpp",)
+DEFAULT_TARGET = "smollm2-135m-instruct"
+
+
+def cmd_serve_check(args: argparse.Namespace) -> int:
+    from draftsmith.data.prompt_files import load_prompt_file
+    from draftsmith.data.prompts import load_prompts
+    from draftsmith.serving.serve_check import ServeCheckSettings
+    from draftsmith.serving.serve_check_run import require_export_folder, run_serve_check
+
+    require_export_folder(Path(args.export_dir))  # before any prompt set is installed
+    sets = [s.strip() for s in (args.bench or "").split(",") if s.strip()]
+    if not sets and not args.prompts:
+        sets = ["mt_bench", "humaneval", "gsm8k"]
+    prompts = [p for name in sets for p in load_prompts(name, args.limit)]
+    prompts += [p for path in args.prompts or () for p in load_prompt_file(path, args.limit)]
+    settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
+                                  min_acceptance=args.min_acceptance, threads=args.threads,
+                                  loop=args.loop)
+    if args.engine not in ENGINES:
+        raise DraftsmithError(f"--engine {args.engine}: choose {', '.join(ENGINES)}")
+    run_serve_check(args.export_dir, args.target, prompts, args.out, settings,
+                    target_gguf=args.target_gguf)
+    return 0
+
+
+def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
+    """`draftsmith serve-check EXPORT_DIR --engine llama.cpp [--loop] ...`."""
+    parser = subparsers.add_parser(
+        "serve-check", help="run an EAGLE-3 export in a real serving engine: greedy output equal to "
+        "the engine's plain decoding, the engine's own acceptance and tau",
+        description="Converts the export to a llama.cpp draft GGUF (llama.cpp's own converter, "
+        "the engine's version), serves the target's GGUF on loopback plain and with the draft, "
+        "decodes the prompts greedily in both and reads the engine's counters. Exits non-zero "
+        "when outputs differ or the engine accepts (almost) nothing.")
+    parser.add_argument("export_dir", metavar="EXPORT_DIR",
+                        help="folder of `draftsmith export CKPT --format eagle3` (or speculators)")
+    parser.add_argument("--engine", default="llama.cpp", choices=ENGINES)
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="offline model name, or a Hugging Face folder with --target-gguf")
+    parser.add_argument("--target-gguf", help="the target as GGUF for the engine (default: the "
+                        "offline model's file)")
+    parser.add_argument("--bench", help="comma list of built-in prompt sets (mt_bench, humaneval, "
+                        "gsm8k; default all three unless --prompts is given)")
+    parser.add_argument("--prompts", action="append", metavar="FILE",
+                        help="prompt file (as `draftsmith eval --prompts`); may repeat")
+    parser.add_argument("--limit", type=positive_int_arg, default=2,
+                        help="items per prompt set (per category of a prompt file)")
+    parser.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
+    parser.add_argument("--draft-max", type=positive_int_arg, default=3,
+                        help="draft tokens per engine step (the loop's chain length too)")
+    parser.add_argument("--min-acceptance", type=float, default=0.05,
+                        help="fail when the engine accepts fewer of the draft tokens than this")
+    parser.add_argument("--threads", type=positive_int_arg,
+                        help="engine CPU threads (default: every core this process may use)")
+    parser.add_argument("--loop", action="store_true",
+                        help="also decode with draftsmith's own loop (float32) for side-by-side "
+                        "tau and acceptance per draft position")
+    parser.add_argument("--out", default="runs/serve_check",
+                        help="folder for serve_check.json, the draft GGUF and the engine logs")
+    parser.set_defaults(func=cmd_serve_check)
+    return parser

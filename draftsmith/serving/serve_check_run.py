@@ -1,0 +1,164 @@
+"""The serve-check run end to end: validate the export, convert it, run the engine plain and with
+the draft, optionally run draftsmith's loop, write `serve_check.json` and print the table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from draftsmith.data.prompts import BenchPrompt
+from draftsmith.errors import DraftsmithError
+from draftsmith.files import write_json
+from draftsmith.serving.llama_cpp import DraftOptions, engine_record
+from draftsmith.serving.serve_check import (
+    ServeCheckSettings,
+    compare_outputs,
+    engine_acceptance,
+    failures,
+    prompt_token_ids,
+    run_engine,
+)
+
+RESULT = "serve_check.json"
+
+
+def target_files(spec: str, target_gguf: str | None = None) -> tuple[Path, Path]:
+    """(target GGUF the engine serves, Hugging Face folder the converter and the loop read).
+
+    Raises:
+        DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`.
+    """
+    from draftsmith import offline_models
+
+    if spec in offline_models.CATALOG:
+        if not offline_models.is_fetched(spec):
+            raise DraftsmithError(f"target {spec} is not fetched: run `draftsmith models fetch "
+                                  f"{spec}`")
+        gguf = Path(target_gguf) if target_gguf else offline_models.gguf_path(spec)
+        return gguf, offline_models.model_dir(spec)
+    folder = Path(spec)
+    if not (folder / "config.json").is_file() or not target_gguf:
+        raise DraftsmithError(f"--target {spec!r}: give an offline model name "
+                              f"({', '.join(offline_models.CATALOG)}) or a Hugging Face folder "
+                              "with --target-gguf FILE (the same model as GGUF for the engine)")
+    return Path(target_gguf), folder
+
+
+def require_export_folder(export_dir: Path) -> None:
+    """Raises DraftsmithError unless `export_dir` is an export folder (before any model loads)."""
+    from draftsmith.export.load import is_exported_folder
+
+    if not export_dir.is_dir():
+        raise DraftsmithError(f"export folder {export_dir} does not exist; write one with "
+                              "`draftsmith export CKPT --format eagle3 --out DIR`")
+    if not is_exported_folder(export_dir):
+        raise DraftsmithError(f"{export_dir} holds no config.json: not an export folder "
+                              "(`draftsmith export CKPT --format eagle3 --out DIR`)")
+
+
+def check_eagle3_export(export_dir: Path, target_dir: Path) -> None:
+    """Raises DraftsmithError unless `export_dir` is an EAGLE-3 export that fits the target."""
+    from draftsmith.export.cli import load_target_config
+    from draftsmith.export.load import check_exported
+
+    drafter = check_exported(export_dir, load_target_config(str(target_dir)))
+    if drafter.kind != "eagle3":
+        raise DraftsmithError(f"{export_dir} is a {drafter.kind} drafter ({drafter.format} layout); "
+                              "serve-check --engine llama.cpp runs EAGLE-3 exports (--format eagle3 "
+                              "or speculators)")
+
+
+def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
+    engine, loop = summary["engine_stats"], summary.get("draftsmith")
+    same, total = summary["identical"]
+    log(f"serve-check {summary['engine']} {summary['version']}: {summary['target']}, "
+        f"EAGLE-3 x {summary['draft_max']}, {total} prompts x {summary['max_new_tokens']} tokens")
+    rows = [("identical greedy outputs", f"{same}/{total}", ""),
+            ("tau (tokens per target step)", f"{engine['tau']:.2f}",
+             f"{loop['tau']:.2f}" if loop else "-"),
+            ("acceptance rate", f"{engine['acceptance']:.1%}",
+             f"{loop['acceptance']:.1%}" if loop else "-")]
+    for k, rate in enumerate(engine["acceptance_per_position"]):
+        rows.append((f"  accepted at draft position {k + 1}", f"{rate:.1%}",
+                     f"{loop['acceptance_per_position'][k]:.1%}" if loop else "-"))
+    rows += [("tokens/s with the draft", f"{engine['tokens_per_second_spec']:.1f}",
+              f"{loop['tokens_per_second']:.1f} (fp32)" if loop else "-"),
+             ("tokens/s plain", f"{engine['tokens_per_second_plain']:.1f}", ""),
+             ("speedup over the engine's plain decoding", f"{engine['speedup']:.2f}x", "")]
+    if loop:  # a quantized engine target may answer otherwise: then the columns see other text
+        rows.append(("answers equal to the engine's", "", "{}/{}".format(
+            *loop["same_answer_as_engine"])))
+    log(f"{'':44} {'engine':>10} {'draftsmith loop':>18}")
+    for name, a, b in rows:
+        log(f"{name:44} {a:>10} {b:>18}")
+
+
+def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchPrompt],
+                    out_dir: str | Path, settings: ServeCheckSettings,
+                    target_gguf: str | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run the check and write `out_dir/serve_check.json`; returns the summary.
+
+    Raises:
+        DraftsmithError: bad inputs, the engine failing to load the draft (its log's tail quoted),
+            or the check failing (outputs differ, acceptance below the floor); the JSON is
+            written first in the last case.
+    """
+    from draftsmith.export.gguf import convert_eagle3_to_gguf
+    from draftsmith.precision import hardware_record
+    from draftsmith.target import load_tokenizer
+
+    export_dir, out_dir = Path(export_dir), Path(out_dir)
+    if not prompts:
+        raise DraftsmithError("serve-check got no prompts (check --bench / --prompts / --limit)")
+    require_export_folder(export_dir)
+    gguf, target_dir = target_files(target, target_gguf)
+    check_eagle3_export(export_dir, target_dir)
+    draft_gguf = convert_eagle3_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
+    ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
+    started = time.perf_counter()
+    plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
+    draft = DraftOptions(draft_gguf, draft_max=settings.draft_max)
+    spec = run_engine(gguf, ids, settings, out_dir / "engine_eagle3.log", draft, log)
+    engine = engine_acceptance(spec, settings.draft_max)
+    engine["tokens_per_second_spec"] = round(spec.tokens_per_second, 2)
+    engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
+    engine["speedup"] = round(spec.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
+    records = compare_outputs(prompts, plain, spec)
+    record = engine_record()
+    summary = {
+        "engine": record["engine"], "version": record["version"],
+        "target": target, "target_gguf": str(gguf), "export_dir": str(export_dir),
+        "draft_gguf": str(draft_gguf), "spec_type": draft.spec_type,
+        "draft_max": settings.draft_max, "max_new_tokens": settings.max_new_tokens,
+        "prompts": len(prompts), "prompt_sets": sorted({p.set_name for p in prompts}),
+        "identical": [sum(r["identical"] for r in records), len(records)],
+        "engine_threads": settings.threads, "engine_stats": engine, "records": records,
+        "hardware": hardware_record(),
+    }
+    if settings.loop:
+        log("draftsmith's own loop on the same prompts and drafter (float32)")
+        loop = loop_summary(target_dir, export_dir, ids, settings, spec)
+        summary["draftsmith"] = loop
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    summary["passed"] = not failures(summary, settings)
+    write_json(out_dir / RESULT, summary)
+    print_table(summary, log)
+    problems = failures(summary, settings)
+    if problems:
+        raise DraftsmithError("serve-check failed:\n- " + "\n- ".join(problems)
+                              + f"\n(details: {out_dir / RESULT}; engine logs in {out_dir})")
+    log(f"ok: {out_dir / RESULT}")
+    return summary
+
+
+def loop_summary(target_dir: Path, export_dir: Path, ids: list[list[int]],
+                 settings: ServeCheckSettings, spec) -> dict:
+    """draftsmith's loop numbers, with how many of its answers equal the engine's."""
+    from draftsmith.serving.serve_check_loop import loop_acceptance
+
+    loop = loop_acceptance(target_dir, export_dir, ids, settings.max_new_tokens, settings.draft_max)
+    answers = loop.pop("answers")
+    loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
+                                     len(answers)]
+    return loop

@@ -1,0 +1,57 @@
+"""An EAGLE-3 drafter overfit on one token sequence of a real target: the engine gate's drafter.
+
+SpecForge gates its exports the same way: a drafter that has memorised one answer must see
+(nearly) every draft token of it accepted by the engine, or the export loses something the engine
+needs (aux layer ids, norms, keys, the draft vocabulary mapping).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftsmith.models.eagle3 import eagle3_loss
+from draftsmith.models.layers import dense_target_logits
+from draftsmith.registry import get_spec
+from tests.helpers.export_helpers import write_checkpoint
+
+
+def overfit_eagle3(target, tokens: list[int], answer_start: int, folder: Path, *,
+                   draft_vocab_size: int = 1024, ttt_steps: int = 3, steps: int = 80,
+                   lr: float = 3e-3) -> Path:
+    """Train an EAGLE-3 drafter on `tokens` (answer from `answer_start`) and write its checkpoint.
+
+    The draft vocabulary holds every token of the sequence plus the lowest other ids, so the
+    export carries a real (non-identity) d2t mapping. `ttt_steps` as deep as the engine drafts
+    keeps each step cheap. Returns the checkpoint folder.
+    """
+    settings = {"draft_vocab_size": draft_vocab_size, "ttt_steps": ttt_steps}
+    spec = get_spec("eagle3")
+    torch.manual_seed(0)
+    module = spec.build(target.config, spec.make_config(settings))
+    vocab = target.config.vocab_size
+    used = sorted(set(tokens))
+    used += [i for i in range(vocab) if i not in set(used)][:draft_vocab_size - len(used)]
+    used = torch.tensor(sorted(used))
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used] = True
+    module.set_draft_vocab(used - torch.arange(draft_vocab_size), t2d)
+    module.init_from_target(target)
+    input_ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = target(input_ids, output_hidden_states=True)
+    aux = [out.hidden_states[i + 1] for i in module.layer_ids]
+    attention = torch.ones_like(input_ids)
+    loss_mask = torch.zeros_like(input_ids)
+    loss_mask[:, answer_start:] = 1
+    teacher = dense_target_logits(out.logits)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
+    for _ in range(steps):
+        loss, _ = eagle3_loss(module, input_ids, attention, loss_mask, aux, teacher)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return write_checkpoint(folder, "eagle3", module.eval(), target, settings,
+                            training_steps=steps)
