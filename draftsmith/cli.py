@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
@@ -145,9 +147,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
         lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
+        target_quant=args.target_quant,
         limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
-        target_quant=args.target_quant,
         trust_remote_code=args.trust_remote_code,
     )
     run_eval(config)
@@ -227,14 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma list of batch sizes, e.g. 1,2,4,8 (1 always runs): above 1, plain "
                     "decoding and the chain methods decode batches of prompts at once, with "
                     "tokens/s and speedup per batch size (trees run at batch 1 only for now)")
-    ev.add_argument("--limit", type=positive_int_arg, default=5,
-                    help="items per prompt set (per category of a prompt file)")
-    ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
     ev.add_argument("--target-quant", default="none",
                     help="target variants, e.g. none,int8: every method also runs against an int8 "
                     "copy of the target (CPU, float32 base) on the same prompts, each with "
                     "speedup against its own plain decoding and the acceptance drop against the "
                     "target as loaded; that copy's output is the int8 model's (default: none)")
+    ev.add_argument("--limit", type=positive_int_arg, default=5,
+                    help="items per prompt set (per category of a prompt file)")
+    ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
@@ -270,8 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds, so servers started for the run are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return args.func(args)
     except DraftsmithError as err:
