@@ -9,13 +9,23 @@ benchmark, not a test).
     .venv/bin/python scripts/bench_train_step.py --compare-teacher \
         --out benchmarks/train_step/eagle3_teacher.json
 
+    # EAGLE-3 full training steps (loss, backward, AdamW) of the loss code at git revisions
+    # against the working tree's, each from the same start on the same batches, alternated,
+    # min over rounds per batch; records whether every loss agrees
+    .venv/bin/python scripts/bench_train_step.py --compare-revisions \
+        --out benchmarks/train_step/eagle3_packed_rows.json
+
 Needs the recipe's data prepared with a hidden-state cache (e.g. by `bash scripts/quickstart.sh`).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import subprocess
+import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -74,12 +84,82 @@ def compare_teacher(drafter, batches, features_of, steps: int) -> dict:
             "speedup": round(seconds["per_ttt_step"] / seconds["per_batch"], 2)}
 
 
+# The loss code each compared revision ran, and how it was given the teacher: the issue's
+# baseline gathered the target's logits once per TTT step, later code once per batch.
+REVISIONS = {
+    "issue_baseline": ("209e9d8e88506f0fc09c64d3602fa735e95dfd73", "per_ttt_step"),
+    "teacher_gather": ("1d2c78c159802b21b1c749bc5320d489c49bd197", "per_batch"),
+}
+
+
+def loss_at(revision: str):
+    """`eagle3_loss` as it was at a git revision (its module run from `git show`)."""
+    path = "draftsmith/models/eagle3.py"
+    source = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True,
+                            text=True, check=True).stdout
+    module = types.ModuleType(f"eagle3_at_{revision[:7]}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{revision[:7]}:{path}", "exec"), module.__dict__)
+    return module.eagle3_loss
+
+
+def compare_revisions(drafter, batches, features_of, steps: int, rounds: int) -> dict:
+    """Full EAGLE-3 training steps of each revision's loss and the working tree's, alternated
+    batch by batch; each round starts every variant from the same weights, and a batch's time
+    is its minimum over rounds (a shared machine slows single steps, not the minimum)."""
+    losses = {name: loss_at(rev) for name, (rev, _) in REVISIONS.items()}
+    losses["now"] = eagle3_loss
+    teacher = {name: mode for name, (_, mode) in REVISIONS.items()} | {"now": "per_batch"}
+    best = {name: [float("inf")] * steps for name in losses}
+    seen = {name: [] for name in losses}
+    timed = batches[1:steps + 1]
+    for _ in range(rounds):
+        state = {}
+        for name in losses:
+            model = copy.deepcopy(drafter)
+            params = [p for p in model.parameters() if p.requires_grad]
+            state[name] = (model, torch.optim.AdamW(params, lr=1e-4))
+        for i, batch in enumerate([batches[0], *timed]):
+            for name, loss_fn in losses.items():
+                model, optimizer = state[name]
+                features = features_of(batch)
+                given = features.logits_after if teacher[name] == "per_ttt_step" else features
+                start = time.perf_counter()
+                loss, _ = loss_fn(model, features.input_ids, features.attention_mask,
+                                  features.loss_mask, features.aux_hidden, given)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                seconds = time.perf_counter() - start
+                if i:  # the first batch warms up
+                    best[name][i - 1] = min(best[name][i - 1], seconds)
+                    seen[name].append(float(loss.detach()))
+    tokens = sum(int(batch["attention_mask"].sum()) for batch in timed)
+    result = {"steps": steps, "rounds": rounds, "tokens": tokens,
+              "revisions": {name: rev for name, (rev, _) in REVISIONS.items()}}
+    for name, times in best.items():
+        result[f"{name}_seconds_per_step"] = round(sum(times) / steps, 3)
+        result[f"{name}_tokens_per_second"] = round(tokens / sum(times), 1)
+    base = seen["issue_baseline"]
+    result["max_relative_loss_difference"] = {
+        name: max(abs(a - b) / abs(b) for a, b in zip(values, base, strict=True))
+        for name, values in seen.items() if name != "issue_baseline"}
+    for name in ("teacher_gather", "now"):
+        result[f"{name}_speedup_over_issue_baseline"] = round(
+            sum(best["issue_baseline"]) / sum(best[name]), 2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="recipes/smollm2-135m/quickstart.yaml")
     parser.add_argument("--steps", type=int, default=6, help="timed steps (after one warm-up)")
     parser.add_argument("--compare-teacher", action="store_true",
                         help="EAGLE-3: teacher gathered per batch against per TTT step")
+    parser.add_argument("--compare-revisions", action="store_true",
+                        help="EAGLE-3: full steps of the loss code at REVISIONS against now")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--compare-revisions: passes over the batches (min per batch)")
     parser.add_argument("--out", default="benchmarks/train_step/eagle3.json")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -103,10 +183,13 @@ def main() -> None:
     def features_of(batch):
         return cached_features(batch, head, aux, layers)
 
+    if (args.compare_teacher or args.compare_revisions) and recipe.kind != "eagle3":
+        parser.error("--compare-teacher and --compare-revisions measure EAGLE-3's loss: use an "
+                     "eagle3 recipe")
     if args.compare_teacher:
-        if recipe.kind != "eagle3":
-            parser.error("--compare-teacher measures EAGLE-3's loss: use an eagle3 recipe")
         result = compare_teacher(drafter, batches, features_of, args.steps)
+    elif args.compare_revisions:
+        result = compare_revisions(drafter, batches, features_of, args.steps, args.rounds)
     else:
         result = throughput(drafter, spec, batches, features_of, args.steps)
     payload = {"kind": recipe.kind, "recipe": args.recipe, "overrides": args.overrides,

@@ -95,6 +95,11 @@ class Eagle3Midlayer(DraftDecoderLayer):
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
 
+    def run_rows(self, embeds, hidden, cos, sin, rows, shape, mask, extra_kv):
+        """`run` on packed rows (see DraftDecoderLayer.forward_rows)."""
+        attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, mask, extra_kv)
+
 
 class Eagle3Drafter(nn.Module):
     """EAGLE-3 drafter for a given target config.
@@ -180,6 +185,15 @@ class Eagle3Drafter(nn.Module):
             return out, kv
         return out, self.lm_head(self.norm(out)), kv
 
+    def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                  rows: torch.Tensor, shape: tuple[int, int], mask: torch.Tensor,
+                  extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+        """`step` (without logits) on packed rows: tokens (m,), hidden (m, H) and position ids
+        (m,) at flat positions `rows` of a (B, T) layout -> (h_out (m, H), padded (keys, values))."""
+        embeds = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = self.rotary(hidden[None], position_ids[None])
+        return self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, mask, extra_kv)
+
 
 def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Attention masks of each TTT step over [block 0, ..., block j] keys.
@@ -196,6 +210,20 @@ def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
     return [torch.cat([block0] + [diag] * j, dim=-1) for j in range(steps)]
 
 
+def ttt_rows(attention_mask: torch.Tensor, valid: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Positions each TTT step must compute, (B, T) bool each, given where each step is trained.
+
+    Step 0: every real token (its keys are block 0 of every later step). Step j > 0: only the
+    positions trained at step j or later, since a later step reads a position's own earlier
+    outputs and keys only (the diagonal blocks of `ttt_masks`). Each set holds the next one.
+    """
+    needed, later = [], torch.zeros_like(valid[0])
+    for step_valid in reversed(valid[1:]):
+        later = later | step_valid
+        needed.append(later)
+    return [attention_mask.bool() | valid[0], *reversed(needed)]
+
+
 def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
                 target_logits_after: TargetLogits
@@ -207,8 +235,11 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     to the draft vocabulary, where that token is in the loss mask and the target's argmax is in the
     draft vocabulary. Total = sum_j w^j * mean soft cross-entropy_j.
 
-    Heads (the target's full-vocabulary head and the draft head) run only on trained positions:
-    on regenerated chat data most tokens are prompt, and the heads dominate the cost on a CPU.
+    Work is spent only where it is used: the heads (the target's full-vocabulary head and the
+    draft head) run on trained positions, and the decoder layer's row-wise parts on real tokens
+    at step 0 and on positions trained at that step or later afterwards (`ttt_rows`); padding
+    and prompt rows of later steps are never computed. Only attention runs in the padded (B, T)
+    layout. The loss is that of running every step on the whole padded batch.
 
     Args:
         input_ids, attention_mask, loss_mask: (B, T).
@@ -222,34 +253,36 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     """
     cfg = drafter.config
     b, t = input_ids.shape
-    device = input_ids.device
-    positions = torch.arange(t, device=device)[None].expand(b, t)
+    index = torch.arange(t, device=input_ids.device)[None]
     draft_ids = drafter.draft_ids()
-
+    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(cfg.ttt_steps)]
+    needed = ttt_rows(attention_mask, valid)
     masks = ttt_masks(attention_mask, cfg.ttt_steps)
     teacher = restrict_target_logits(target_logits_after, draft_ids)
-    hidden = drafter.fuse(aux_hidden)
+    rows = needed[0].flatten().nonzero().squeeze(1)  # flat (B * T) positions, ascending
+    hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
     cache: list[KV] = []
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
-    index = torch.arange(t, device=device)[None]
     for j in range(cfg.ttt_steps):
-        out, kv = drafter.step(shift_left(input_ids, 1 + j), hidden, positions + j, masks[j],
-                               extra_kv=cache, with_logits=False)
+        tokens = shift_left(input_ids, 1 + j).flatten()[rows]
+        out, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), masks[j], cache)
         cache = [*cache, kv]
-        valid = (shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j)
         with torch.no_grad():
-            rows, target_choice = teacher(valid, 1 + j)
+            teacher_rows, target_choice = teacher(valid[j], 1 + j)
             in_vocab = drafter.t2d[target_choice]
-            target_j = torch.softmax(rows[in_vocab].float(), dim=-1)
-        trained = valid.sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
-        valid[valid.clone()] = in_vocab
-        count = valid.sum().clamp_min(1)
-        logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[valid])).float(), dim=-1)
+            target_j = torch.softmax(teacher_rows[in_vocab].float(), dim=-1)
+        trained = valid[j].sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
+        scored = valid[j].flatten()[rows]  # packed rows in valid[j]'s (row-major) order
+        scored[scored.clone()] = in_vocab
+        count = in_vocab.sum().clamp_min(1)
+        logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[scored])).float(), dim=-1)
         step_loss = -(target_j * logp).sum() / count
         total = total + cfg.step_weight ** j * step_loss
         hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
         metrics[f"loss_{j}"] = step_loss.detach()
         metrics[f"acc_{j}"] = hits.sum().float() / trained
-        hidden = out
+        if j + 1 < cfg.ttt_steps:  # the next step computes a subset of these rows
+            keep = needed[j + 1].flatten()[rows]
+            rows, hidden = rows[keep], out[keep]
     return total, metrics

@@ -104,11 +104,17 @@ class DraftAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q, (k, v)
 
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q k^T) v per head, (B, nh, T, hd), with a bool mask (True = visible)
+        broadcastable to (B, nh, T, S); no output projection."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                              is_causal=False)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
-        """softmax(q k^T) v with a bool mask (True = visible) broadcastable to (B, nh, T, S)."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
-                                             is_causal=False)
+        """`attend_heads` then the output projection. (B, T, H)"""
+        out = self.attend_heads(q, k, v, mask)
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
@@ -153,6 +159,44 @@ class DraftDecoderLayer(nn.Module):
         all_v = torch.cat(values, dim=2) if len(values) > 1 else v
         h = residual + self.self_attn.attend(q, all_k, all_v, mask)
         return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+    def forward_rows(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int],
+                     mask: torch.Tensor, extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+        """`forward` on packed rows: the same outputs for those rows, with every row-wise part
+        (projections, norms, MLP) run on them alone and only attention in the padded layout.
+
+        Args:
+            attn_input: (m, in) and residual: (m, H): the rows at flat positions `rows` (m,) of
+                a (B, T) = `shape` layout.
+            cos, sin: RoPE tables of those rows, (1, m, hd).
+            mask: bool, broadcastable to (B, 1, T, S) over [extra_kv..., new] keys. Positions not
+                in `rows` get zero keys and values, so `mask` must hide them from every row in
+                `rows` (their own outputs are not computed).
+            extra_kv: earlier (keys, values) blocks in the padded layout, (B, nkv, T', hd) each.
+
+        Returns:
+            (output (m, H), (keys, values) of the new rows in the padded layout (B, nkv, T, hd)).
+        """
+        attn = self.self_attn
+        q, (k, v) = attn.project_kv(attn_input[None], cos, sin)
+        q, k, v = (scatter_rows(x[0].transpose(0, 1), rows, shape) for x in (q, k, v))
+        all_k = torch.cat([*(ek for ek, _ in extra_kv), k], dim=2)
+        all_v = torch.cat([*(ev for _, ev in extra_kv), v], dim=2)
+        heads = attn.attend_heads(q, all_k, all_v, mask).transpose(1, 2)  # (B, T, nh, hd)
+        # plain indexing: its backward (index_put) is several times faster than
+        # index_select's (scatter_add) on CPU
+        heads = heads.reshape(-1, attn.num_heads * attn.head_dim)[rows]
+        h = residual + attn.o_proj(heads)
+        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+
+def scatter_rows(x: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Per-head rows (m, n, hd) at flat positions `rows` of a (B, T) layout -> (B, n, T, hd),
+    zero elsewhere."""
+    b, t = shape
+    full = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, rows, x)
+    return full.view(b, t, *x.shape[1:]).transpose(1, 2)
 
 
 class Rotary(nn.Module):

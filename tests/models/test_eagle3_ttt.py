@@ -1,13 +1,23 @@
 """EAGLE-3's training-time test against a plain step-by-step reference: position by position,
-step j attends to step 0's keys up to its own position and to its own position in steps 1..j."""
+step j attends to step 0's keys up to its own position and to its own position in steps 1..j.
+And the packed loss (row-wise work on the rows each step needs) against the whole padded batch
+run through every step, the code path it replaced: same loss, metrics and gradients."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss, ttt_masks
+from draftsmith.models.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    eagle3_loss,
+    ttt_masks,
+    ttt_rows,
+)
+from draftsmith.models.layers import shift_left
 from draftsmith.registry import target_features
 from tests.helpers.tiny_targets import tiny_target
 
@@ -94,3 +104,87 @@ def test_ttt_masks_shape_and_pattern():
     assert m[:, :4].tolist() == torch.ones(4, 4).tril().int().tolist()
     assert m[:, 4:8].tolist() == torch.eye(4).int().tolist()
     assert m[:, 8:].tolist() == torch.eye(4).int().tolist()
+
+
+def dense_ttt_loss(drafter, input_ids, attention_mask, loss_mask, aux_hidden, features):
+    """EAGLE-3's loss with every TTT step run on the whole padded (B, T) batch: the code path
+    the packed one replaced, kept here as its reference."""
+    b, t = input_ids.shape
+    positions = torch.arange(t)[None].expand(b, t)
+    index = torch.arange(t)[None]
+    draft_ids = drafter.draft_ids()
+    masks = ttt_masks(attention_mask, drafter.config.ttt_steps)
+    hidden, cache, total, metrics = drafter.fuse(aux_hidden), [], 0.0, {}
+    for j in range(drafter.config.ttt_steps):
+        out, kv = drafter.step(shift_left(input_ids, 1 + j), hidden, positions + j, masks[j],
+                               extra_kv=cache, with_logits=False)
+        cache = [*cache, kv]
+        valid = (shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j)
+        rows = features.logits_after(valid, 1 + j).float()
+        choice = rows.argmax(-1)
+        in_vocab = drafter.t2d[choice]
+        target_j = torch.softmax(rows[in_vocab][:, draft_ids], dim=-1)
+        trained = valid.sum().clamp_min(1)
+        valid[valid.clone()] = in_vocab
+        logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[valid])).float(), dim=-1)
+        step_loss = -(target_j * logp).sum() / valid.sum().clamp_min(1)
+        total = total + drafter.config.step_weight ** j * step_loss
+        metrics[f"loss_{j}"] = step_loss.detach()
+        metrics[f"acc_{j}"] = (draft_ids[logp.argmax(-1)] == choice[in_vocab]).sum() / trained
+        hidden = out
+    return total, metrics
+
+
+def _padded_batch(t=24):
+    """Three rows of different lengths (right padding) with prompts of different lengths."""
+    gen = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(2, 128, (3, t), generator=gen)
+    attention_mask = torch.ones(3, t, dtype=torch.long)
+    attention_mask[1, 15:] = 0
+    attention_mask[2, 9:] = 0
+    loss_mask = attention_mask.clone()
+    loss_mask[0, :5] = 0
+    loss_mask[1, :12] = 0
+    loss_mask[2, :2] = 0
+    loss_mask[0, 10:13] = 0  # a second user turn inside the first row
+    return input_ids * attention_mask, attention_mask, loss_mask
+
+
+@pytest.mark.parametrize("steps", [1, 3, 5])
+def test_packed_ttt_loss_equals_the_whole_batch_path(steps):
+    target = tiny_target("qwen2")
+    target.lm_head.weight.data *= 10
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(target.config, Eagle3Config(draft_vocab_size=100, ttt_steps=steps))
+    drafter.init_from_target(target)
+    for param in drafter.parameters():  # away from the zero-ish start, so every term matters
+        if param.requires_grad and param.dim() == 2:
+            param.data *= 3
+    input_ids, attention_mask, loss_mask = _padded_batch()
+    feats = target_features(target, input_ids, attention_mask, loss_mask, drafter.layer_ids)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    loss, metrics = eagle3_loss(drafter, input_ids, attention_mask, loss_mask, feats.aux_hidden,
+                                feats)
+    grads = torch.autograd.grad(loss, params)
+    expected, expected_metrics = dense_ttt_loss(drafter, input_ids, attention_mask, loss_mask,
+                                                feats.aux_hidden, feats)
+    expected_grads = torch.autograd.grad(expected, params)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    assert metrics.keys() == expected_metrics.keys()
+    for key, value in metrics.items():
+        torch.testing.assert_close(value.float(), expected_metrics[key].float(), rtol=1e-5,
+                                   atol=1e-6)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+    assert float(loss.detach()) > 0 and any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_ttt_rows_skip_padding_and_rows_no_later_step_trains():
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0]])
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 0]])
+    index = torch.arange(8)[None]
+    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < 8 - 2 - j) for j in range(3)]
+    needed = ttt_rows(attention_mask, valid)
+    assert needed[0][0].tolist() == [True] * 6 + [False] * 2  # every real token: block 0's keys
+    assert needed[1][0].nonzero().flatten().tolist() == [0, 1, 2]  # trained at step 1 or 2
+    assert needed[2][0].nonzero().flatten().tolist() == [0, 1]
