@@ -7,20 +7,15 @@ equally, as the bars are stated; every per-set number is in the eval.json next t
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import statistics
 from pathlib import Path
 
+from draftsmith.bench.report_sections import fmt as _fmt
+from draftsmith.bench.report_sections import lossless_line, passes_section, regenerated_line
 from draftsmith.eval.methods import split_method
 
 SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
-
-
-def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return none
-    return format(value, spec)
 
 
 def set_mean(summary: dict, method: str, key: str) -> float | None:
@@ -90,20 +85,6 @@ def _eval_table(bench: dict, temperature: str) -> list[str]:
             cells.append(_fmt(same, ".0%", "reference"))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def _lossless_line(check: dict | None) -> list[str]:
-    """The eval run's lossless check (eval.json `lossless_check`) in one sentence."""
-    if not check or not check.get("greedy"):
-        return []
-    if check.get("failures"):
-        return ["Lossless check: " + "; ".join(
-            f"{f['method']} left plain decoding on {f['set']}/{f['item']} at new token "
-            f"{f['index']}" for f in check["failures"])
-            + (" (float32: a bug)" if check.get("dtype_exact") else
-               " (bf16: near-tied logits can flip between one- and multi-token forwards)") + "."]
-    return [f"Lossless check: {len(check.get('checked', []))} methods reproduced plain greedy "
-            "decoding token for token" + (" in float32." if check.get("dtype_exact") else ".")]
 
 
 def _training_table(bench: dict) -> list[str]:
@@ -307,19 +288,6 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
     return paths
 
 
-def _regenerated(data: dict) -> str:
-    """How the answers were made, from the data step's summary."""
-    regen = data.get("regeneration") or {}
-    server = regen.get("server") or {}
-    rate = (regen.get("new_tokens") or {}).get("tokens_per_second")
-    how = (f"through {server.get('engine', 'a server')} serving {server.get('model')} (greedy "
-           f"agreement with the target {_fmt(server.get('greedy_agreement'), '.0%')})"
-           if server else "in process")
-    return (f"answered again by the target {how} at {_fmt(rate, '.1f')} new tokens/s "
-            f"({_fmt(regen.get('conversations'), ',')} regenerated, "
-            f"{len(regen.get('failed') or [])} failed, {_fmt(regen.get('skipped'), ',')} skipped)")
-
-
 def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str]:
     """The markdown of one target; copies its eval.json files next to the plots."""
     cfg = bench["config"]
@@ -336,7 +304,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "**Data** (shared by every drafter): "
              f"{_fmt(rendering.get('rendered'), ',')} conversations, "
              f"{_fmt(rendering.get('tokens'), ',')} tokens, {_fmt(rendering.get('masked_tokens'), ',')} "
-             f"in the loss, {_regenerated(data) if regenerated else 'responses as written (labels are the target logits)'}; "
+             f"in the loss, {regenerated_line(data) if regenerated else 'responses as written (labels are the target logits)'}; "
              f"hidden-state cache {_fmt(cache.get('bytes_per_token'), ',.0f')} bytes/token. "
              f"Prompts: {', '.join(cfg['eval']['bench'])}, {cfg['eval']['limit']} item(s) each "
              f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. "
@@ -351,7 +319,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     for t in bench["eval"]:
         title = "Greedy (temperature 0)" if float(t) == 0 else f"Sampling (temperature {t})"
         lines += [f"### {title}: means over the prompt sets", "", *_eval_table(bench, t), ""]
-        lines += [*_lossless_line(bench["eval"][t].get("lossless_check")), ""]
+        lines += [*lossless_line(bench["eval"][t].get("lossless_check")), ""]
     bar_lines, missed = _bars(bench)
     lines += ["### Bars (greedy)", "", *bar_lines, ""]
     if missed:
@@ -359,7 +327,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     ordering = _ordering(bench)
     if ordering:
         lines += ["### Ordering by tau (greedy)", "", *ordering, ""]
-    lines += _passes_section(bench, folder)
+    lines += passes_section(bench, folder)
     limits = _limits(bench, overhead)
     if limits:
         lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]
@@ -367,28 +335,6 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
         if (folder / f"{name}.png").is_file():
             lines.append(f"![{name}]({folder}/{name}.png)")
     return [*lines, ""]
-
-
-def _passes_section(bench: dict, folder: Path) -> list[str]:
-    """The extra greedy runs: the batch-size curve (table and plot) and the quantized-target
-    rows, each measured in one run on the same prompts as the main table."""
-    from draftsmith.eval.report import format_batch_table, format_variant_table, write_batch_plot
-
-    lines = []
-    for name, result in (bench.get("passes") or {}).items():
-        if result.get("batch_sizes"):
-            plot = write_batch_plot(result["batch_sizes"], folder)
-            skipped = result.get("batch_skipped") or {}
-            lines += [f"### Batch sizes (`{name}` run, greedy): speedup over plain decoding at the "
-                      "same batch size", "", "```", format_batch_table(result["batch_sizes"]),
-                      "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
-                                   if skipped else []),
-                      *_lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
-        if result.get("target_variants"):
-            lines += [f"### Quantized target (`{name}` run, greedy): the same drafters verified "
-                      "by a quantized copy of the target", "", "```",
-                      format_variant_table(result["target_variants"]), "```", ""]
-    return lines
 
 
 def verify_cost_section(machine_path: Path) -> list[str]:

@@ -123,7 +123,7 @@ def test_bench_configs_parse_and_name_their_command(path):
 
 
 def test_lossless_line_of_the_report():
-    from draftsmith.bench.report import _lossless_line
+    from draftsmith.bench.report_sections import lossless_line as _lossless_line
 
     assert _lossless_line(None) == [] and _lossless_line({"greedy": False}) == []
     ok = {"greedy": True, "dtype_exact": True, "checked": ["a", "b"], "failures": []}

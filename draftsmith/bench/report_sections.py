@@ -1,0 +1,64 @@
+"""Sections of BENCHMARKS.md beside the main tables: the lossless check's sentence, how the data
+was regenerated, and the extra greedy runs (`eval.passes`: the batch-size curve, the
+quantized-target rows)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def fmt(value, spec: str = ".2f", none: str = "–") -> str:
+    """`value` formatted, or `none` for a missing or NaN value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return none
+    return format(value, spec)
+
+
+def lossless_line(check: dict | None) -> list[str]:
+    """The eval run's lossless check (eval.json `lossless_check`) in one sentence."""
+    if not check or not check.get("greedy"):
+        return []
+    if check.get("failures"):
+        return ["Lossless check: " + "; ".join(
+            f"{f['method']} left plain decoding on {f['set']}/{f['item']} at new token "
+            f"{f['index']}" for f in check["failures"])
+            + (" (float32: a bug)" if check.get("dtype_exact") else
+               " (bf16: near-tied logits can flip between one- and multi-token forwards)") + "."]
+    return [f"Lossless check: {len(check.get('checked', []))} methods reproduced plain greedy "
+            "decoding token for token" + (" in float32." if check.get("dtype_exact") else ".")]
+
+
+def regenerated_line(data: dict) -> str:
+    """How the answers were made, from the data step's summary."""
+    regen = data.get("regeneration") or {}
+    server = regen.get("server") or {}
+    rate = (regen.get("new_tokens") or {}).get("tokens_per_second")
+    how = (f"through {server.get('engine', 'a server')} serving {server.get('model')} (greedy "
+           f"agreement with the target {fmt(server.get('greedy_agreement'), '.0%')})"
+           if server else "in process")
+    return (f"answered again by the target {how} at {fmt(rate, '.1f')} new tokens/s "
+            f"({fmt(regen.get('conversations'), ',')} regenerated, "
+            f"{len(regen.get('failed') or [])} failed, {fmt(regen.get('skipped'), ',')} skipped)")
+
+
+def passes_section(bench: dict, folder: Path) -> list[str]:
+    """The extra greedy runs: the batch-size curve (table and plot) and the quantized-target
+    rows, each measured in one run on the same prompts as the main table."""
+    from draftsmith.eval.report import format_batch_table, format_variant_table, write_batch_plot
+
+    lines = []
+    for name, result in (bench.get("passes") or {}).items():
+        if result.get("batch_sizes"):
+            plot = write_batch_plot(result["batch_sizes"], folder)
+            skipped = result.get("batch_skipped") or {}
+            lines += [f"### Batch sizes (`{name}` run, greedy): speedup over plain decoding at the "
+                      "same batch size", "", "```", format_batch_table(result["batch_sizes"]),
+                      "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
+                                   if skipped else []),
+                      *lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
+        if result.get("target_variants"):
+            lines += [f"### Quantized target (`{name}` run, greedy): the same drafters verified "
+                      "by a quantized copy of the target", "", "```",
+                      format_variant_table(result["target_variants"]), "```", ""]
+    return lines
