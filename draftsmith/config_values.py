@@ -24,7 +24,20 @@ from draftsmith.errors import DraftsmithError
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core booleans and floats."""
+    """SafeLoader with YAML 1.2 core booleans and floats, and no duplicate keys (YAML 1.2
+    forbids them; PyYAML silently keeps the last, so a repeated section lost the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen[key] + 1}); keep one",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Yaml12Loader.yaml_implicit_resolvers = {

@@ -34,6 +34,8 @@ class Features:
         last_hidden: (B, T, H) the target's last hidden state (after the final norm).
         aux_hidden: (B, T, H) target layer outputs a drafter asked for (EAGLE-3: low, mid, high).
         head: the target's frozen output head; logits are computed from `last_hidden` on demand.
+        target_argmax: (B, T) the target's greedy choice after each position, when the offline
+            cache stored it (`data/cache.py`); lets `restricted` skip the full-vocabulary head.
     """
 
     input_ids: torch.Tensor
@@ -42,6 +44,7 @@ class Features:
     last_hidden: torch.Tensor
     aux_hidden: list[torch.Tensor]
     head: nn.Module
+    target_argmax: torch.Tensor | None = None
 
     @functools.cached_property
     def target_logits(self) -> torch.Tensor:
@@ -50,18 +53,25 @@ class Features:
             return self.head(self.last_hidden.to(self.head.weight.dtype))
 
     @functools.cached_property
-    def _trained_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row index per position (-1 where untrained) and the head's logits on trained rows:
-        every position whose next token is in the loss mask, computed once per batch."""
+    def _needed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trained positions (every position whose next token is in the loss mask) and the row
+        index of each position among them (-1 where untrained)."""
         needed = shift_left(self.loss_mask, 1) > 0
         row_of = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
         row_of[needed] = torch.arange(int(needed.sum()), device=needed.device)
+        return needed, row_of
+
+    @functools.cached_property
+    def _trained_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row index per position (-1 where untrained) and the head's logits on trained rows,
+        computed once per batch."""
+        needed, row_of = self._needed
         with torch.no_grad():
             rows = self.head(self.last_hidden[needed].to(self.head.weight.dtype))
         return row_of, rows
 
     def _rows_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
-        row_of, _ = self._trained_rows
+        _, row_of = self._needed
         index = shift_left(row_of, shift, -1)[valid]
         if bool((index < 0).any()):
             raise ValueError("target logits requested at a position whose next token is not "
@@ -81,10 +91,21 @@ class Features:
     def restricted(self, columns: torch.Tensor):
         """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
         and their full-vocabulary argmax, sliced and reduced once for the whole batch (EAGLE-3's
-        draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step)."""
-        _, rows = self._trained_rows
+        draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step).
+        With the cache's `target_argmax` and a plain linear head, only the `columns` rows of the
+        head are applied: an (m, Vd) product instead of (m, V), the same logits up to float
+        rounding, and the argmax the target made on its unrounded hidden state."""
+        head = self.head
+        plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
-            sliced, choice = rows[:, columns], rows.argmax(-1)
+            if self.target_argmax is not None and plain:
+                needed, _ = self._needed
+                hidden = self.last_hidden[needed].to(head.weight.dtype)
+                sliced = nn.functional.linear(hidden, head.weight[columns])
+                choice = self.target_argmax[needed].long()
+            else:
+                _, rows = self._trained_rows
+                sliced, choice = rows[:, columns], rows.argmax(-1)
 
         def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
             index = self._rows_after(valid, shift)
@@ -238,6 +259,7 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
         last_hidden=last,
         aux_hidden=[batch[f"hidden_states.{i + 1}"].to(dtype) for i in aux_layers],
         head=head,
+        target_argmax=batch.get("target_argmax"),
     )
 
 

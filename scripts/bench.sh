@@ -3,7 +3,8 @@
 # kind trained for the same wall-clock budget, then every method (trained drafters, prompt lookup,
 # the classic draft model) side by side at temperature 0 and 1; BENCHMARKS.md and the plots under
 # benchmarks/ are regenerated from the results. Resumable: run it again and finished stages are
-# skipped. On 2 CPU cores: SmolLM2 ~1.5 h, Qwen2.5-Coder-1.5B ~25 min (measured).
+# skipped, and an interrupted training resumes from its last checkpoint. On 2 CPU cores the
+# whole run takes several sittings (the data step alone ~2 h for SmolLM2's 2,000 answers).
 # Usage: bash scripts/bench.sh [recipes/bench/X.yaml ...]   (default: both targets)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,7 +20,7 @@ OUT=runs/quickstart
 .venv/bin/draftsmith eval --target smollm2-135m-instruct \
   --drafter "$OUT/export" --methods plain,drafter_chain,drafter_dynamic,prompt_lookup \
   --num-draft-tokens 3 --tree-topk 3 --tree-total-tokens auto \
-  --bench mt_bench,humaneval,gsm8k --limit 3 --max-new-tokens 96 --out "$OUT/eval"
+  --bench mt_bench,humaneval,gsm8k --limit 2 --max-new-tokens 96 --out "$OUT/eval"
 # the model card of the export now carries the measured numbers
 .venv/bin/draftsmith export "$OUT/eagle3/drafter" --format eagle3 --out "$OUT/export" --force \
   --eval-json "$OUT/eval/eval.json" >/dev/null

@@ -65,3 +65,12 @@ def test_recipe_mixed_precision_no_and_wrong_types():
     recipe = build_recipe(apply_overrides({"drafter": {"kind": "eagle3"}},
                                           ["drafter.step_weight=8e-1"]))
     assert recipe.drafter_config().step_weight == 0.8
+
+
+def test_a_repeated_key_is_an_error_not_a_silent_overwrite(tmp_path):
+    from draftsmith.config_values import read_yaml_mapping
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text("target: a\ndrafter: {kind: eagle3}\ntarget:\n  name: b\n")
+    with pytest.raises(DraftsmithError, match=r"duplicate key 'target' \(first at line 1\)"):
+        read_yaml_mapping(path, "recipe", "see recipes/")

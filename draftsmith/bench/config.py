@@ -103,6 +103,9 @@ class BenchConfig:
         speedup_bar: minimum best speedup at temperature 0.
         expected_order: methods from highest to lowest tau as the literature orders them; the
             report checks the measured order against it.
+        engine: the engine check (`bench/engine_stage.py`): an EAGLE-3 drafter's label and
+            optionally draft_max, limit and max_new_tokens (default: the eval's chain length,
+            limit and new tokens); empty = none.
     """
 
     target: str
@@ -117,6 +120,7 @@ class BenchConfig:
     bars: dict = field(default_factory=dict)
     speedup_bar: float | None = None
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
+    engine: dict = field(default_factory=dict)  # {drafter: LABEL, draft_max, limit, max_new_tokens}
     path: str = ""
 
     def kind(self, label: str) -> KindEntry:
@@ -160,6 +164,7 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval.passes method {method!r} names no drafter in "
                                   f"`kinds` ({', '.join(sorted(labels))})")
+    _check_engine(config, path)
     methods = list(dict.fromkeys([*evaluation.methods, *passes]))
     if "rest" in methods and not evaluation.datastore:
         raise DraftsmithError(f"{path}: eval method 'rest' retrieves from the data step's "
@@ -172,3 +177,31 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         message = str(err).replace("add --draft-model", "set eval.draft_model")
         raise DraftsmithError(f"{path}: eval.methods: {message}") from None
     return config
+
+
+ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens"}
+
+
+def _check_engine(config: BenchConfig, path) -> None:
+    """`engine:` names an EAGLE-3 drafter of `kinds`; its counts are integers >= 1."""
+    spec = config.engine
+    if not spec:
+        return
+    hint = "e.g. engine: {drafter: eagle3, draft_max: 3}"
+    if not isinstance(spec, dict) or set(spec) - ENGINE_KEYS or "drafter" not in spec:
+        raise DraftsmithError(f"{path}: engine = {spec!r}: give `drafter` (a label of kinds) and "
+                              f"optionally {', '.join(sorted(ENGINE_KEYS - {'drafter'}))}; {hint}")
+    labels = {k.label: k for k in config.kinds}
+    if spec["drafter"] not in labels:
+        raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is not in `kinds` "
+                              f"({', '.join(sorted(labels))})")
+    entry = labels[spec["drafter"]]
+    recipe = read_yaml_mapping(entry.recipe, "recipe", "recipes live in recipes/")
+    kind = {**(recipe.get("drafter") or {}), **entry.drafter}.get("kind")
+    if kind != "eagle3":
+        raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is a {kind} drafter; "
+                              "the engine check runs EAGLE-3 drafters (llama.cpp's draft-eagle3)")
+    for key in ENGINE_KEYS - {"drafter"}:
+        value = spec.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DraftsmithError(f"{path}: engine.{key} = {value!r}: must be an integer >= 1")

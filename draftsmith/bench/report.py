@@ -11,8 +11,13 @@ import shutil
 import statistics
 from pathlib import Path
 
+from draftsmith.bench.report_sections import (
+    engine_section,
+    lossless_line,
+    passes_section,
+    regenerated_line,
+)
 from draftsmith.bench.report_sections import fmt as _fmt
-from draftsmith.bench.report_sections import lossless_line, passes_section, regenerated_line
 from draftsmith.eval.methods import split_method
 
 SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
@@ -328,6 +333,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     if ordering:
         lines += ["### Ordering by tau (greedy)", "", *ordering, ""]
     lines += passes_section(bench, folder)
+    lines += engine_section(bench)
     limits = _limits(bench, overhead)
     if limits:
         lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]

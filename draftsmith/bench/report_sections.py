@@ -62,3 +62,40 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
                       "by a quantized copy of the target", "", "```",
                       format_variant_table(result["target_variants"]), "```", ""]
     return lines
+
+
+def engine_section(bench: dict) -> list[str]:
+    """The engine check: the EAGLE-3 drafter in llama.cpp next to draftsmith's loop (same
+    prompts, same drafter, same chain length), from `engine/serve_check.json`."""
+    check = bench.get("engine")
+    if not check:
+        return []
+    engine, loop = check["engine_stats"], check.get("draftsmith") or {}
+    same, total = check["identical"]
+    rows = [("tau (tokens per target step)", fmt(engine["tau"]), fmt(loop.get("tau"))),
+            ("acceptance rate", fmt(engine["acceptance"], ".1%"), fmt(loop.get("acceptance"), ".1%"))]
+    for k, rate in enumerate(engine["acceptance_per_position"]):
+        theirs = (loop.get("acceptance_per_position") or [])[k:k + 1]
+        rows.append((f"accepted at draft position {k + 1}", fmt(rate, ".1%"),
+                     fmt(theirs[0] if theirs else None, ".1%")))
+    rows += [("tokens/s with the draft", fmt(engine["tokens_per_second_spec"], ".1f"),
+              fmt(loop.get("tokens_per_second"), ".1f")),
+             ("tokens/s plain (engine)", fmt(engine["tokens_per_second_plain"], ".1f"), ""),
+             ("speedup over the engine's plain decoding", fmt(engine["speedup"]) + "x", "")]
+    table = [f"{'':44} {'llama.cpp':>10} {'draftsmith loop':>16}",
+             *[f"{name:44} {a:>10} {b:>16}" for name, a, b in rows]]
+    answers = loop.get("same_answer_as_engine")
+    return [f"### In a serving engine: {check['engine']} {check['version']} (greedy, EAGLE-3 chain "
+            f"of {check['draft_max']})", "",
+            f"The trained EAGLE-3 drafter exported (`eagle3`), converted by llama.cpp's own "
+            f"converter and served with `--spec-type {check['spec_type']}` on the target's GGUF "
+            f"({Path(check['target_gguf']).name}, which the engine computes in its quantized "
+            f"form), {check['prompts']} prompts (first turns of "
+            f"{', '.join(check['prompt_sets'])}) x {check['max_new_tokens']} new tokens, "
+            f"engine threads: {check.get('engine_threads') or 'all'}; draftsmith's loop decodes "
+            "the same prompts in float32 with the same drafter and chain length.", "", "```",
+            *table, "```", "",
+            f"Engine output with the draft identical to its plain decoding: {same}/{total}"
+            + (f"; the loop's answers equal to the engine's: {answers[0]}/{answers[1]} (the engine "
+               "computes with quantized weights, the loop in float32)" if answers else "")
+            + f". Check {'passed' if check.get('passed') else 'FAILED'}.", ""]

@@ -334,12 +334,14 @@ class FeatureCache:
 
     def iter_samples(
         self, *, keys: Sequence[str] | None = None, shuffle: bool = False, seed: int = 0,
-        rank: int = 0, world_size: int = 1,
+        rank: int = 0, world_size: int = 1, extras: Sequence[str] = (),
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Unpadded samples `{"input_ids", "loss_mask", "hidden_states.i" ...}`, shard by shard.
 
         Args:
             keys: hidden-state keys to read (default: all stored); ids and mask always come.
+            extras: other per-token keys (`target_argmax`) read where a shard has them (caches
+                written before they were stored lack them).
             shuffle: seeded shuffle of the shard order and of samples within each shard.
             rank, world_size: sample j of the (shuffled) stream goes to rank `j % world_size`.
         """
@@ -358,7 +360,9 @@ class FeatureCache:
                 order = list(range(len(lengths)))
                 if shuffle:
                     rng.shuffle(order)
-                slices = {k: handle.get_slice(k) for k in ["input_ids", "loss_mask", *keys]}
+                stored = set(handle.keys())
+                slices = {k: handle.get_slice(k) for k in ["input_ids", "loss_mask", *keys,
+                                                           *(e for e in extras if e in stored)]}
                 for i in order:
                     position += 1
                     if (position - 1) % world_size != rank:

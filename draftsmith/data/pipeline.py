@@ -116,11 +116,13 @@ def run_data_recipe(
             "budget_reached": report.budget_reached,
         }
         regen = summary["regeneration"]
+        kept_cut = {why: n for why, n in regen["dropped"].items() if "conversation kept" in why}
+        skipped = {why: n for why, n in regen["dropped"].items() if why not in kept_cut}
         log(f"regenerated {written:,} conversations into {folder} "
             f"({regen['new_tokens']['tokens_per_second']} new tokens/s): {covered:,} input = "
             f"{written:,} regenerated + {len(failed):,} failed + {regen['skipped']:,} skipped"
-            + (f" ({', '.join(f'{n} {why}' for why, n in regen['dropped'].items())})"
-               if regen["dropped"] else ""))
+            + (f" (skipped: {', '.join(f'{n} {why}' for why, n in skipped.items())})"
+               if skipped else "") + "".join(f"; {n} {why}" for why, n in kept_cut.items()))
         for failure in failed[:10]:
             log(f"  failed: conversation {failure['index']} ({failure['id']}): {failure['error']}")
         if len(failed) > 10:

@@ -166,7 +166,8 @@ def regenerate_shard(
     answers: list[list[str]] = [[] for _ in conversations]
     stops: list[list[str]] = [[] for _ in conversations]
     alive = [True] * len(conversations)
-    dropped: Counter = Counter()
+    dropped: Counter = Counter()  # skipped conversations by reason (each counted once)
+    cut: dict[int, str] = {}  # why a conversation's regeneration stopped before its last turn
     failed: dict[int, str] = {}
     new_tokens = 0
     for turn in range(max(c.num_pairs for c in conversations)):
@@ -178,7 +179,7 @@ def regenerate_shard(
             ids = prompt_ids(tokenizer, messages, template)
             if len(ids) >= max_length:
                 alive[i] = False
-                dropped["turns cut: prompt reached max_length"] += 1
+                cut[i] = "prompt reached max_length"
                 continue
             pending.append(i)
             requests.append(((first_index + i) * 64 + turn, messages, ids))
@@ -191,7 +192,7 @@ def regenerate_shard(
             text = reply.text.strip()
             if not text:
                 alive[i] = False
-                dropped["turns cut: empty answer"] += 1
+                cut[i] = "empty answer"
                 continue
             answers[i].append(text)
             stops[i].append(reply.stop)
@@ -202,8 +203,10 @@ def regenerate_shard(
         if i in failed:
             continue
         if not answers[i]:
-            dropped["conversations dropped: no answer"] += 1
+            dropped[cut.get(i, "no answer")] += 1
             continue
+        if i in cut:  # kept with the turns answered before the cut
+            dropped[f"later turns cut ({cut[i]}), conversation kept"] += 1
         messages = _prompt_messages(conversation, answers[i][:-1])
         messages.append({"role": "assistant", "content": answers[i][-1]})
         assistant = [m for m in messages if m["role"] == "assistant"]

@@ -131,6 +131,12 @@ def _serving(fmt: ExportFormat, base: str) -> list[str]:
                 "targets with native MTP support (DeepSeek-V3 and similar); for this target "
                 "evaluate it with draftsmith"),
     }
+    if fmt.name == "gguf":
+        return ["## Serving", "", "### llama.cpp", "", "```bash",
+                "llama-server -m TARGET.gguf -md draft-eagle3.gguf --spec-type draft-eagle3 \\",
+                "  --draft-max 3 --draft-min 0 --draft-p-min 0", "```", "",
+                "`TARGET.gguf` is the target as GGUF. `draftsmith serve-check` runs this pairing "
+                "against llama.cpp's plain decoding and draftsmith's own loop.", ""]
     lines = ["## Serving", "", f"Replace `{DRAFTER}` with this folder or its Hub repo id.", ""]
     for engine, snippets in (("vLLM", vllm), ("SGLang", sglang)):
         if fmt.name in snippets:

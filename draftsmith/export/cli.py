@@ -7,8 +7,9 @@ import argparse
 
 from draftsmith.errors import DraftsmithError
 
-# The `--format` choices, kept equal to formats.FORMATS (tested) without importing torch here.
-FORMAT_NAMES = ("eagle3", "speculators", "eagle", "medusa", "mtp")
+# The `--format` choices: formats.FORMATS (tested) plus `gguf` (export/gguf_export.py, a file
+# for llama.cpp), without importing torch here.
+FORMAT_NAMES = ("eagle3", "speculators", "eagle", "medusa", "mtp", "gguf")
 
 
 def load_target_config(spec: str, trust_remote_code: bool = False):
@@ -53,8 +54,11 @@ def cmd_export(args: argparse.Namespace) -> int:
                               "--target T to validate an export)")
     options = ExportOptions(base_model=args.base_model, dtype=args.dtype,
                             skip_frozen=args.skip_frozen)
+    if args.target_dir and args.format != "gguf":
+        raise DraftsmithError("--target-dir is for --format gguf (llama.cpp's converter reads the "
+                              "target's folder); drop it")
     print(export_drafter(args.checkpoint, args.format, args.out, eval_json=args.eval_json,
-                         options=options, overwrite=args.force))
+                         options=options, overwrite=args.force, target_dir=args.target_dir))
     return 0
 
 
@@ -72,8 +76,10 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
         "export", help="export a trained drafter for vLLM / SGLang / reference code, or --check one",
         description="Formats: eagle3 = EAGLE-3 for SGLang (official layout); speculators = EAGLE-3 "
         "for vLLM; eagle = EAGLE-1/2; medusa = FasterDecoding/Medusa heads; mtp = MTP modules in "
-        "the DeepSeek-V3 layout. Every export carries config.json, safetensors weights, "
-        "draftsmith_drafter.json and a README.md model card.")
+        "the DeepSeek-V3 layout; gguf = EAGLE-3 as a llama.cpp draft GGUF (llama.cpp's own "
+        "converter). Every folder export carries config.json, safetensors weights, "
+        "draftsmith_drafter.json and a README.md model card (gguf: the .gguf, the metadata and "
+        "the card).")
     parser.add_argument("checkpoint", nargs="?", metavar="CKPT",
                         help="drafter folder written by `draftsmith train` (OUTPUT_DIR/drafter)")
     parser.add_argument("--format", choices=FORMAT_NAMES, help="checkpoint layout to write")
@@ -87,6 +93,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--skip-frozen", action="store_true",
                         help="leave out frozen copies of the target's embedding / head")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
+    parser.add_argument("--target-dir", help="--format gguf: the target's Hugging Face folder "
+                        "(config + tokenizer) for llama.cpp's converter (default: the training "
+                        "target's, if it is an offline model or a local folder)")
     parser.add_argument("--check", metavar="DIR",
                         help="validate an export (or a published drafter) against --target")
     parser.add_argument("--target", help="target for --check: offline name, folder, .gguf or Hub "

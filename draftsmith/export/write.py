@@ -30,7 +30,8 @@ CARD = "README.md"
 
 def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
                    eval_json: str | Path | None = None,
-                   options: ExportOptions | None = None, overwrite: bool = False) -> Path:
+                   options: ExportOptions | None = None, overwrite: bool = False,
+                   target_dir: str | Path | None = None) -> Path:
     """Export a draftsmith drafter folder.
 
     Args:
@@ -40,6 +41,8 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
         eval_json: eval.json of `draftsmith eval --drafter checkpoint`, for the model card.
         options: base model id, dtype, frozen copies (see ExportOptions).
         overwrite: replace an existing non-empty `out`.
+        target_dir: `gguf` only: the target's Hugging Face folder for llama.cpp's converter
+            (default: the training target's, when it is an offline model or a local folder).
 
     Returns:
         The export folder.
@@ -49,6 +52,10 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
             drafter, a checkpoint inconsistent with its metadata, unservable layer ids, or a
             `--base-model` whose sizes differ from the training target's.
     """
+    if fmt == "gguf":  # one converted file for llama.cpp, not a folder layout
+        from draftsmith.export.gguf_export import export_gguf
+
+        return export_gguf(checkpoint, out, eval_json, options, overwrite, target_dir)
     options = options or ExportOptions()
     ckpt = read_checkpoint(checkpoint)
     export_format = get_format(fmt)
@@ -58,12 +65,7 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
     eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DraftsmithError(f"--out {out} is a file; the export is a folder: choose a folder "
-                              "path that does not exist yet")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise DraftsmithError(f"--out {out} exists and is not empty; choose another folder or pass "
-                              "--force to replace it")
+    check_out_folder(out, overwrite)
     if ckpt.meta.get("lora") and not (ckpt.folder / "lora").is_dir():
         raise DraftsmithError(f"{ckpt.folder} was trained with LoRA (Medusa-2) but has no lora/ "
                               "adapter folder to export with it")
@@ -89,6 +91,16 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out
+
+
+def check_out_folder(out: Path, overwrite: bool) -> None:
+    """Raises DraftsmithError when `out` is a file, or a non-empty folder without `overwrite`."""
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"--out {out} is a file; the export is a folder: choose a folder "
+                              "path that does not exist yet")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise DraftsmithError(f"--out {out} exists and is not empty; choose another folder or pass "
+                              "--force to replace it")
 
 
 def _base_model_config(spec: str):

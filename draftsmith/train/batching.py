@@ -26,8 +26,8 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
-    """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each) to the
-    longest sequence, capped at max_length."""
+    """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each, and
+    the cache's `target_argmax`, (T,)) to the longest sequence, capped at max_length."""
     length = min(max(len(e["input_ids"]) for e in batch), max_length)
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     loss_mask = torch.zeros(len(batch), length, dtype=torch.long)
@@ -42,4 +42,10 @@ def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
         attention[row, :n] = 1
         for key in hidden_keys:
             hidden[key][row, :n] = example[key][:n]
+    if "target_argmax" in batch[0]:
+        choice = torch.zeros(len(batch), length, dtype=torch.long)
+        for row, example in enumerate(batch):
+            n = min(len(example["target_argmax"]), length)
+            choice[row, :n] = example["target_argmax"][:n].long()
+        hidden["target_argmax"] = choice
     return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention, **hidden}

@@ -141,7 +141,8 @@ def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
     indices = sorted({num_layers, *[i + 1 for i in aux]})
     cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
                               layers=indices)
-    return list(cache.iter_samples(keys=[hidden_key(i) for i in indices]))
+    return list(cache.iter_samples(keys=[hidden_key(i) for i in indices],
+                                   extras=("target_argmax",)))
 
 
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:

@@ -132,3 +132,32 @@ def test_lossless_line_of_the_report():
     bad = {**ok, "failures": [{"method": "a", "set": "gsm8k", "item": "3", "index": 7}]}
     assert _lossless_line(bad) == ["Lossless check: a left plain decoding on gsm8k/3 at new token "
                                    "7 (float32: a bug)."]
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ({"drafter": "eagle1"}, "is a eagle1 drafter; the engine check runs EAGLE-3"),
+    ({"drafter": "eagle9"}, "engine.drafter 'eagle9' is not in `kinds`"),
+    ({"drafter": "eagle1", "threads": 2}, "give `drafter`"),
+])
+def test_bad_engine_sections_are_clear_errors(tmp_path, engine, message):
+    with pytest.raises(DraftsmithError, match=message):
+        load_bench_config(write_configs(tmp_path, engine=engine))
+
+
+def test_engine_section_puts_the_engine_next_to_the_loop():
+    from draftsmith.bench.report_sections import engine_section
+
+    check = {"engine": "llama.cpp", "version": "b1", "draft_max": 2, "spec_type": "draft-eagle3",
+             "target_gguf": "/c/T.Q4_1.gguf", "prompts": 30, "prompt_sets": ["gsm8k"],
+             "max_new_tokens": 96, "identical": [30, 30], "passed": True,
+             "engine_stats": {"tau": 1.8, "acceptance": 0.4, "acceptance_per_position": [0.6, 0.2],
+                              "tokens_per_second_spec": 150.0, "tokens_per_second_plain": 100.0,
+                              "speedup": 1.5},
+             "draftsmith": {"tau": 1.75, "acceptance": 0.38, "acceptance_per_position": [0.58, 0.19],
+                            "tokens_per_second": 20.0, "same_answer_as_engine": [12, 30]}}
+    text = "\n".join(engine_section({"engine": check}))
+    assert "### In a serving engine: llama.cpp b1 (greedy, EAGLE-3 chain of 2)" in text
+    assert "accepted at draft position 2" in text and "20.0%" in text and "19.0%" in text
+    assert "1.50x" in text and "identical to its plain decoding: 30/30" in text
+    assert "equal to the engine's: 12/30" in text and "Check passed." in text
+    assert engine_section({}) == []

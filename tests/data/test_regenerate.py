@@ -107,3 +107,29 @@ def test_time_budget_stops_at_the_same_shard_and_keeps_the_rest(target, tmp_path
     report = run(target, tmp_path, settings)
     assert report.budget_reached and report.complete and report.shards_written == 2
     assert run(target, tmp_path, settings).shards_written == 0
+
+
+def test_each_skipped_conversation_is_counted_once_by_its_reason():
+    from draftsmith.data.regenerate import regenerate_shard
+    from draftsmith.data.server_client import Reply
+
+    tokenizer = char_tokenizer()
+    long = "x" * 300
+    convs = [Conversation("long", ({"role": "user", "content": long},
+                                   {"role": "assistant", "content": "a"})),
+             Conversation("empty", ({"role": "user", "content": "Say nothing."},
+                                    {"role": "assistant", "content": "a"})),
+             Conversation("two", ({"role": "user", "content": "Hi."},
+                                  {"role": "assistant", "content": "a"},
+                                  {"role": "user", "content": long},
+                                  {"role": "assistant", "content": "b"}))]
+
+    def respond(requests):
+        return [Reply(text="" if "nothing" in messages[-1]["content"] else "Hello.", tokens=2)
+                for _, messages, _ in requests]
+
+    records, _, dropped, failures = regenerate_shard(
+        respond, tokenizer, convs, 0, template=resolve_chat_template(tokenizer), max_length=200)
+    assert [r["id"] for r in records] == ["two"] and not failures
+    assert dict(dropped) == {"prompt reached max_length": 1, "empty answer": 1,
+                             "later turns cut (prompt reached max_length), conversation kept": 1}

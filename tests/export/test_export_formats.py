@@ -130,7 +130,9 @@ def test_format_must_hold_the_kind(tmp_path):
     _, _, folder = make_checkpoint(tmp_path, "medusa")
     with pytest.raises(DraftsmithError, match=r"--format eagle3 holds eagle3 .* use --format medusa"):
         export_drafter(folder, "eagle3", tmp_path / "out")
-    with pytest.raises(DraftsmithError, match="unknown export format 'gguf'"):
+    with pytest.raises(DraftsmithError, match="unknown export format 'onnx'"):
+        export_drafter(folder, "onnx", tmp_path / "out")
+    with pytest.raises(DraftsmithError, match=r"--format gguf holds EAGLE-3 .* use --format medusa"):
         export_drafter(folder, "gguf", tmp_path / "out")
 
 
@@ -162,4 +164,4 @@ def test_format_detection_needs_a_known_layout(tmp_path):
 
 
 def test_cli_format_choices_match_the_registry():
-    assert set(FORMAT_NAMES) == set(FORMATS)
+    assert set(FORMAT_NAMES) == {*FORMATS, "gguf"}  # gguf: export/gguf_export.py, a file

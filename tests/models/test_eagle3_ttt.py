@@ -188,3 +188,31 @@ def test_ttt_rows_skip_padding_and_rows_no_later_step_trains():
     assert needed[0][0].tolist() == [True] * 6 + [False] * 2  # every real token: block 0's keys
     assert needed[1][0].nonzero().flatten().tolist() == [0, 1, 2]  # trained at step 1 or 2
     assert needed[2][0].nonzero().flatten().tolist() == [0, 1]
+
+
+def test_the_cached_argmax_gives_the_same_loss_without_the_full_head():
+    """With the cache's `target_argmax` the teacher applies only the draft-vocabulary rows of the
+    head; the loss, metrics and gradients are those of the full-head path."""
+    from dataclasses import replace
+
+    target = tiny_target("llama")
+    target.lm_head.weight.data *= 10
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(target.config, Eagle3Config(draft_vocab_size=100, ttt_steps=3))
+    drafter.init_from_target(target)
+    input_ids, attention_mask, loss_mask = _padded_batch()
+    feats = target_features(target, input_ids, attention_mask, loss_mask, drafter.layer_ids)
+    cached = replace(feats, target_argmax=feats.target_logits.argmax(-1))
+    calls = []
+    handle = target.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        loss, metrics = eagle3_loss(drafter, input_ids, attention_mask, loss_mask,
+                                    cached.aux_hidden, cached)
+    finally:
+        handle.remove()
+    assert not calls, "the full-vocabulary head ran although the argmax was cached"
+    expected, expected_metrics = eagle3_loss(drafter, input_ids, attention_mask, loss_mask,
+                                             feats.aux_hidden, feats)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for key, value in metrics.items():
+        torch.testing.assert_close(value, expected_metrics[key], rtol=1e-5, atol=1e-6)

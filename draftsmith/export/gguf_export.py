@@ -1,0 +1,103 @@
+"""`draftsmith export CKPT --format gguf --out DIR`: an EAGLE-3 drafter as the draft GGUF that
+llama.cpp's server loads (`-md DIR/draft-eagle3.gguf --spec-type draft-eagle3`).
+
+The drafter is first exported in the `eagle3` layout (read back and compared tensor by tensor, as
+every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the engine's pinned
+version (`export/gguf.py`), which also needs the target's Hugging Face folder (config and
+tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the training
+metadata and a model card with the llama-server command; it is written to `DIR.partial` and
+renamed when complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from draftsmith.drafter_folder import DRAFTER_CONFIG
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.record import ExportFormat, ExportOptions
+from draftsmith.files import write_json
+
+GGUF_NAME = "draft-eagle3.gguf"
+
+
+def _not_a_folder_format(*_args):
+    raise DraftsmithError("a gguf export is one file for llama.cpp, not a folder draftsmith reads; "
+                          "evaluate the eagle3 export it was made from")
+
+
+GGUF_FORMAT = ExportFormat("gguf", "eagle3",
+                           "EAGLE-3 draft GGUF for llama.cpp (`--spec-type draft-eagle3`), "
+                           "converted by llama.cpp's own convert_hf_to_gguf.py",
+                           _not_a_folder_format, lambda config, names: False, _not_a_folder_format)
+
+
+def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
+    """The target's Hugging Face folder the converter reads (config.json and tokenizer).
+
+    Raises:
+        DraftsmithError: an offline model not fetched, or a target that is not a local folder
+            with no `--target-dir` given.
+    """
+    from draftsmith import offline_models
+
+    if given:
+        folder = Path(given)
+    elif spec in offline_models.CATALOG:
+        if not offline_models.is_fetched(spec):
+            raise DraftsmithError(f"the drafter's target {spec} is not fetched: run `draftsmith "
+                                  f"models fetch {spec}`")
+        folder = offline_models.model_dir(spec)
+    else:
+        folder = Path(spec or "")
+    if not (folder / "config.json").is_file():
+        raise DraftsmithError(f"--format gguf needs the target's Hugging Face folder (config.json "
+                              f"and tokenizer; the draft GGUF carries the target's vocabulary); "
+                              f"{str(given or spec)!r} is not one: pass --target-dir FOLDER "
+                              "(e.g. `huggingface-cli download ORG/NAME --local-dir FOLDER`)")
+    return folder
+
+
+def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path | None = None,
+                options: ExportOptions | None = None, overwrite: bool = False,
+                target_dir: str | Path | None = None,
+                log: Callable[[str], None] = print) -> Path:
+    """Write `out/draft-eagle3.gguf` (float32), `draftsmith_drafter.json` and a model card.
+
+    Raises:
+        DraftsmithError: a drafter that is not EAGLE-3, an existing output, no target folder, or
+            the converter failing (its log's tail quoted).
+    """
+    from draftsmith.export.card import model_card, read_eval
+    from draftsmith.export.formats import formats_for_kind
+    from draftsmith.export.gguf import convert_eagle3_to_gguf
+    from draftsmith.export.source import base_model_id, read_checkpoint
+    from draftsmith.export.write import CARD, check_out_folder, export_drafter
+
+    options = options or ExportOptions()
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt.kind != "eagle3":
+        raise DraftsmithError(f"--format gguf holds EAGLE-3 drafters (llama.cpp's draft-eagle3) but "
+                              f"{ckpt.folder} is a {ckpt.kind} drafter; use --format "
+                              f"{' or '.join(formats_for_kind(ckpt.kind))}")
+    out = Path(out)
+    check_out_folder(out, overwrite)
+    eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
+    hf_dir = target_hf_dir(ckpt.meta.get("target"), target_dir)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
+        staged = export_drafter(checkpoint, "eagle3", Path(scratch) / "eagle3", options=options)
+        convert_eagle3_to_gguf(staged, hf_dir, tmp / GGUF_NAME, log)
+    base = options.base_model or base_model_id(ckpt.meta.get("target"))
+    meta = {**ckpt.meta, "export": {"format": "gguf", "base_model": base, "file": GGUF_NAME}}
+    write_json(tmp / DRAFTER_CONFIG, meta)
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / CARD).write_text(model_card(meta, GGUF_FORMAT, base, files, eval_payload))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return out
