@@ -89,8 +89,8 @@ def _weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool = False
-                   ) -> QuantizedCopy:
+def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool = False,
+                   keep_float: tuple[str, ...] = ()) -> QuantizedCopy:
     """A quantized copy of `model` (the original is left as it is).
 
     Args:
@@ -98,6 +98,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool =
         scheme: a key of `QUANT_SCHEMES` other than `none`.
         quantize_head: also quantize the output head (the benchmark's comparison; eval keeps it
             float, see the module docstring).
+        keep_float: name suffixes of linears left float (the benchmark's per-layer comparison,
+            e.g. `("down_proj",)`).
 
     Returns:
         The copy (eval mode, no grads) and `info`: scheme, method, the linears quantized and kept
@@ -114,7 +116,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool =
     head = model.get_output_embeddings()
     names = {module: name for name, module in model.named_modules()}
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    chosen = [names[m] for m in linears if quantize_head or m is not head]
+    chosen = [names[m] for m in linears if (quantize_head or m is not head)
+              and not names[m].endswith(keep_float)]
     try:
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     except ImportError as err:

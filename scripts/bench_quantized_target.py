@@ -50,9 +50,16 @@ def torchao_weight_only(model: torch.nn.Module, quantize_head: bool):
     return quantized
 
 
+# linears left float in the per-layer variants of the dynamic int8 form (Llama / Qwen2 names):
+# where its agreement with float32 is lost
+KEEP_FLOAT = {"-down": ("down_proj",), "-mlp": ("down_proj", "gate_proj", "up_proj"),
+              "-attn": ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
 def candidates(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """float32, draftsmith's int8 (torch.ao dynamic) and torchao's int8 weight-only; each int8
-    one with the output head float32 and quantized (`+head`)."""
+    one with the output head float32 and quantized (`+head`); and the dynamic form with the MLP
+    output projection, the whole MLP, or attention kept float (`-down`, `-mlp`, `-attn`)."""
     models = {"float32": model}
     for head in (False, True):
         suffix = "+head" if head else ""
@@ -61,6 +68,9 @@ def candidates(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
         quantized = torchao_weight_only(model, head)
         if quantized is not None:
             models[f"torchao_int8_weight_only{suffix}"] = quantized
+    for suffix, keep in KEEP_FLOAT.items():
+        models[f"int8_torch_ao_dynamic{suffix}"] = quantize_model(model, "int8",
+                                                                  keep_float=keep).model
     return models
 
 

@@ -93,15 +93,15 @@ def _eval_table(bench: dict, temperature: str) -> list[str]:
 
 
 def _training_table(bench: dict) -> list[str]:
-    lines = ["| drafter | kind | trained params | features | steps | batch | s/step | train minutes "
-             "| held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 12]
+    lines = ["| drafter | kind | trained params | features | steps | batch | s/step | tokens/s "
+             "| train minutes | held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 13]
     for label, rec in bench["training"].items():
         held = rec.get("held_out", {})
         lines.append("| " + " | ".join([
             label, rec["kind"] + (" + LoRA" if rec.get("lora") else ""),
             _fmt((rec.get("trainable_params") or 0) / 1e6, ".1f") + "M", rec["features"],
             str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
-            _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
+            _fmt(rec.get("tokens_per_second"), ".0f"), _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
             _fmt(held.get("acc_2")), _fmt(held.get("simulated_tau"))]) + " |")
     return lines
 
@@ -317,7 +317,9 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "13 nodes, depth 5.", "",
              f"### Training: {cfg['budget_minutes']:g} wall-clock minutes per drafter on this machine",
              "", *_training_table(bench), "",
-             "Steps = budget / the calibrated seconds per step; train minutes = wall time of the "
+             "Steps = budget / the calibrated seconds per step; tokens/s = real (unpadded) "
+             "tokens trained per wall second over the run's steps (its held-out evaluations and "
+             "checkpoints included); train minutes = wall time of the "
              "training process (loading and the held-out evaluation included, and any other load "
              "on the machine). Held-out accuracy: top-1 agreement with the target at each draft "
              "position on conversations no drafter trained on.", ""]

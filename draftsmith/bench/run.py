@@ -94,6 +94,16 @@ def seconds_per_step(rows: list[dict]) -> float:
     return (last["seconds"] - first["seconds"]) / (last["step"] - first["step"])
 
 
+def tokens_per_second(rows: list[dict]) -> float | None:
+    """Real (unpadded) tokens per wall second over a run's steps after the first, or None for a
+    run logged before steps recorded their tokens. The wall time includes what happens between
+    steps (held-out evaluations, checkpoints), as the budget does."""
+    steps = [r for r in rows if "loss" in r and "tokens" in r]
+    if len(steps) < 2 or steps[-1]["seconds"] <= steps[0]["seconds"]:
+        return None
+    return sum(r["tokens"] for r in steps[1:]) / (steps[-1]["seconds"] - steps[0]["seconds"])
+
+
 def trainable_params(drafter_dir: Path, kind: str) -> int:
     """Parameters a drafter trains: its saved tensors minus the frozen copies of the target's
     embedding / head, plus a Medusa-2 LoRA adapter."""
@@ -153,6 +163,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     record = {
         "label": entry.label, "kind": raw["drafter"]["kind"], "steps": steps,
         "seconds_per_step": per_step, "budget_minutes": config.budget_minutes,
+        "tokens_per_second": tokens_per_second(rows),
         "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
         "features": raw["train"].get("features", "online"),
         "lora": bool(raw["drafter"].get("lora")),

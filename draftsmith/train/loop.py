@@ -186,6 +186,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     progress = _progress_bar(accelerator, schedule.total, step)
     start = time.perf_counter()
     first_step_done = None
+    step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
     while step < schedule.total:
         epoch = micro_done // micro_per_epoch
         order = epoch_order(len(train_set), cfg.seed, epoch)
@@ -207,12 +208,16 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                     scheduler.step()
                 optimizer.zero_grad()
             micro_done += 1
+            step_tokens += int(batch["attention_mask"].sum())
             if not accelerator.sync_gradients:
                 continue
             step += 1
             loss = loss.detach()
+            tokens = int(accelerator.reduce(torch.tensor(step_tokens, device=accelerator.device),
+                                            "sum"))
+            step_tokens = 0
             row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
-                   **{k: float(v) for k, v in metrics.items()},
+                   **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
                    "seconds": time.perf_counter() - start}
             log.write(row)
             progress.update(1)

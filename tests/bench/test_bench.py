@@ -12,7 +12,7 @@ import yaml
 
 from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.report import set_mean
-from draftsmith.bench.run import kind_recipe, seconds_per_step
+from draftsmith.bench.run import kind_recipe, seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe
@@ -111,6 +111,9 @@ def test_report_means_weight_each_prompt_set_equally():
     assert set_mean(summary, "m", "tau") == 2.0
     rows = [{"step": s, "loss": 1.0, "seconds": t} for s, t in ((1, 5.0), (2, 6.0), (4, 8.0))]
     assert seconds_per_step(rows) == 1.0
+    assert tokens_per_second(rows) is None  # a run logged before steps recorded their tokens
+    rows = [{**r, "tokens": 100 * r["step"]} for r in rows] + [{"step": 4, "eval/acc_0": 0.5}]
+    assert tokens_per_second(rows) == (200 + 400) / 3.0
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes/bench").glob("*.yaml")), ids=lambda p: p.name)

@@ -61,6 +61,7 @@ def test_every_kind_trains_and_saves(kind, settings, tmp_path):
     assert weights and all(torch.isfinite(w.float()).all() for w in weights.values())
     rows = [json.loads(line) for line in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
+    assert all(r["tokens"] > 0 for r in rows if "loss" in r)  # real tokens of each step
     accs = [rows[-1][f"eval/acc_{k}"] for k in range(8) if f"eval/acc_{k}" in rows[-1]]
     assert accs and rows[-1]["eval/simulated_tau"] == pytest.approx(simulated_tau(accs))
 
