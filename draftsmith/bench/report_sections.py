@@ -57,7 +57,7 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
                       "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
                                    if skipped else []),
                       *lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
-        if result.get("target_variants"):
+        if len(result.get("target_variants") or {}) > 1:  # a quantized copy beside `none`
             lines += [f"### Quantized target (`{name}` run, greedy): the same drafters verified "
                       "by a quantized copy of the target", "", "```",
                       format_variant_table(result["target_variants"]), "```", ""]

@@ -164,3 +164,10 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
     assert "1.50x" in text and "identical to its plain decoding: 30/30" in text
     assert "equal to the engine's: 12/30" in text and "Check passed." in text
     assert engine_section({}) == []
+
+
+def test_a_pass_without_a_quantized_copy_gets_no_quantized_section(tmp_path):
+    from draftsmith.bench.report_sections import passes_section
+
+    bench = {"passes": {"batch": {"target_variants": {"none": {}}}}}
+    assert passes_section(bench, tmp_path) == []
