@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from draftsmith.config_values import positive_int_arg
+from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
 
 
@@ -118,6 +118,7 @@ def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str],
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from draftsmith.data.prompts import chosen_sets
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
 
@@ -143,8 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
         datastore=args.datastore,
         target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
-        bench=_csv(args.bench) if args.bench is not None else (
-            () if args.prompts else ("mt_bench", "humaneval", "gsm8k")),
+        bench=chosen_sets(args.bench, bool(args.prompts)),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
         lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
         target_quant=args.target_quant,
@@ -211,13 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add prompt lookup, lookahead, HF generate / prompt lookup, with "
                     "--datastore REST, and with --draft-model the classic draft model and HF "
                     "assisted generation")
-    ev.add_argument("--bench", default=None,
-                    help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k (default: "
-                    "all three, or none when --prompts is given)")
-    ev.add_argument("--prompts", action="append", metavar="FILE",
-                    help="a prompt file (repeatable): Spec-Bench / MT-bench question.jsonl "
-                    "(`turns`, optional `category`), OpenAI `messages` JSONL, or text with one "
-                    "prompt per line; reported per category, else per file")
+    add_prompt_arguments(ev, limit=5)
     ev.add_argument("--check-lossless", action="store_true",
                     help="a gate, in float32: greedy, exit non-zero naming the first divergent "
                     "token of any method (at any batch size) that does not reproduce plain "
@@ -234,9 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "copy of the target (CPU, float32 base) on the same prompts, each with "
                     "speedup against its own plain decoding and the acceptance drop against the "
                     "target as loaded; that copy's output is the int8 model's (default: none)")
-    ev.add_argument("--limit", type=positive_int_arg, default=5,
-                    help="items per prompt set (per category of a prompt file)")
-    ev.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)

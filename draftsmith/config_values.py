@@ -224,3 +224,18 @@ def build_dataclass(cls, values, prefix: str, **extra):
         return cls(**converted, **extra)
     except TypeError as err:
         raise DraftsmithError(f"{prefix}: {err}") from None
+
+
+def add_prompt_arguments(parser, limit: int) -> None:
+    """`--bench`, `--prompts`, `--limit` and `--max-new-tokens`, as `eval` and `serve-check` take
+    them (see `data.prompts.chosen_sets` / `gather_prompts`)."""
+    parser.add_argument("--bench", default=None,
+                        help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k "
+                        "(default: all three, or none when --prompts is given)")
+    parser.add_argument("--prompts", action="append", metavar="FILE",
+                        help="a prompt file (repeatable): Spec-Bench / MT-bench question.jsonl "
+                        "(`turns`, optional `category`), OpenAI `messages` JSONL, or text with "
+                        "one prompt per line; reported per category, else per file")
+    parser.add_argument("--limit", type=positive_int_arg, default=limit,
+                        help="items per prompt set (per category of a prompt file)")
+    parser.add_argument("--max-new-tokens", type=positive_int_arg, default=128)

@@ -20,8 +20,7 @@ RESULT = "serve_check.json"
 
 def engine_check(config: BenchConfig, log=print) -> dict | None:
     """Run (or read) the engine check of `config.engine`; None when the config asks for none."""
-    from draftsmith.data.prompts import load_prompts
-    from draftsmith.export.record import ExportOptions
+    from draftsmith.data.prompts import gather_prompts
     from draftsmith.export.write import export_drafter
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import run_serve_check
@@ -33,10 +32,9 @@ def engine_check(config: BenchConfig, log=print) -> dict | None:
     if (folder / RESULT).is_file():
         return json.loads((folder / RESULT).read_text())
     drafter = Path(config.out_dir) / "train" / spec["drafter"] / "drafter"
-    export = export_drafter(drafter, "eagle3", folder / "export", options=ExportOptions(),
-                            overwrite=True)
+    export = export_drafter(drafter, "eagle3", folder / "export", overwrite=True)
     limit = spec.get("limit", config.eval.limit)
-    prompts = [p for name in config.eval.bench for p in load_prompts(name, limit)]
+    prompts = gather_prompts(config.eval.bench, (), limit)
     settings = ServeCheckSettings(draft_max=spec.get("draft_max", config.eval.num_draft_tokens),
                                   max_new_tokens=spec.get("max_new_tokens",
                                                           config.eval.max_new_tokens),

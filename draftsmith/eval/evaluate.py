@@ -15,8 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.chat import render_chat
-from draftsmith.data.prompt_files import load_prompt_file
-from draftsmith.data.prompts import load_prompts
+from draftsmith.data.prompts import gather_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
@@ -95,8 +94,7 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
 
 def run_eval(config: EvalConfig, log=print) -> dict:
     """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
-    prompts = [p for name in config.bench for p in load_prompts(name, config.limit)]
-    prompts += [p for path in config.prompt_files for p in load_prompt_file(path, config.limit)]
+    prompts = gather_prompts(config.bench, config.prompt_files, config.limit)
     target = load_target(config.target, dtype=config.dtype, device=config.device,
                          trust_remote_code=config.trust_remote_code)
     draft_model = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from draftsmith.config_values import positive_int_arg
+from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
 
 ENGINES = ("llama.cpp",)
@@ -13,17 +13,13 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
-    from draftsmith.data.prompt_files import load_prompt_file
-    from draftsmith.data.prompts import load_prompts
+    from draftsmith.data.prompts import chosen_sets, gather_prompts
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import require_export_folder, run_serve_check
 
     require_export_folder(Path(args.export_dir))  # before any prompt set is installed
-    sets = [s.strip() for s in (args.bench or "").split(",") if s.strip()]
-    if not sets and not args.prompts:
-        sets = ["mt_bench", "humaneval", "gsm8k"]
-    prompts = [p for name in sets for p in load_prompts(name, args.limit)]
-    prompts += [p for path in args.prompts or () for p in load_prompt_file(path, args.limit)]
+    prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
+                             args.limit)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
                                   loop=args.loop)
@@ -50,13 +46,7 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
                         help="offline model name, or a Hugging Face folder with --target-gguf")
     parser.add_argument("--target-gguf", help="the target as GGUF for the engine (default: the "
                         "offline model's file)")
-    parser.add_argument("--bench", help="comma list of built-in prompt sets (mt_bench, humaneval, "
-                        "gsm8k; default all three unless --prompts is given)")
-    parser.add_argument("--prompts", action="append", metavar="FILE",
-                        help="prompt file (as `draftsmith eval --prompts`); may repeat")
-    parser.add_argument("--limit", type=positive_int_arg, default=2,
-                        help="items per prompt set (per category of a prompt file)")
-    parser.add_argument("--max-new-tokens", type=positive_int_arg, default=128)
+    add_prompt_arguments(parser, limit=2)
     parser.add_argument("--draft-max", type=positive_int_arg, default=3,
                         help="draft tokens per engine step (the loop's chain length too)")
     parser.add_argument("--min-acceptance", type=float, default=0.05,

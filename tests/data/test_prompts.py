@@ -18,3 +18,14 @@ def test_prompt_sets_load_with_their_shapes():
 def test_unknown_set_lists_the_choices():
     with pytest.raises(DraftsmithError, match="mt_bench"):
         load_prompts("mmlu")
+
+
+def test_chosen_sets_and_an_unknown_set():
+    from draftsmith.data.prompts import chosen_sets, gather_prompts
+    from draftsmith.errors import DraftsmithError
+
+    assert chosen_sets(None, has_files=False) == ("mt_bench", "humaneval", "gsm8k")
+    assert chosen_sets(None, has_files=True) == ()
+    assert chosen_sets(" gsm8k, humaneval ", has_files=True) == ("gsm8k", "humaneval")
+    with pytest.raises(DraftsmithError, match=r"unknown prompt set\(s\) \['gsm9k'\]; choose from"):
+        gather_prompts(("gsm9k",), (), 1)

@@ -15,8 +15,7 @@ from draftsmith.registry import DRAFTERS
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.drafters import small_settings
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
-from tests.helpers.tiny_targets import tiny_target
-from tests.helpers.tiny_tokenizers import char_tokenizer
+from tests.helpers.tiny_targets import save_target_and_draft
 
 pytestmark = pytest.mark.slow
 PROMPTS = "Hi!\nName a colour.\nOk\n"
@@ -26,10 +25,7 @@ PROMPTS = "Hi!\nName a colour.\nOk\n"
 def setup(tmp_path_factory):
     """(target folder, draft folder, prompt file, drafter args, methods)."""
     root = tmp_path_factory.mktemp("gate")
-    target = tiny_target("llama")
-    for folder, model in ((root / "target", target), (root / "draft", tiny_target("llama", 1))):
-        model.save_pretrained(folder)
-        char_tokenizer().save_pretrained(folder)
+    target = save_target_and_draft(root)
     drafter_args, methods = [], ["plain", "prompt_lookup", "draft_model"]
     for kind, spec in DRAFTERS.items():
         settings = small_settings(kind)

@@ -20,8 +20,7 @@ from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.quantize import parse_target_quant, quantize_model
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
-from tests.helpers.tiny_targets import tiny_target
-from tests.helpers.tiny_tokenizers import char_tokenizer
+from tests.helpers.tiny_targets import save_target_and_draft, tiny_target
 
 NEW = 24
 QUANTIZED_LINEAR = torch.ao.nn.quantized.dynamic.Linear
@@ -68,10 +67,7 @@ def test_parse_target_quant():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
-    target = tiny_target("llama")
-    for folder, model in ((root / "target", target), (root / "draft", tiny_target("llama", 1))):
-        model.save_pretrained(folder)
-        char_tokenizer().save_pretrained(folder)
+    target = save_target_and_draft(root)
     drafter = write_checkpoint(root / "eagle3" / "drafter", "eagle3",
                                build_drafter("eagle3", target), target)
     prompts = root / "prompts.txt"

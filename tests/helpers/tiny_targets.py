@@ -37,3 +37,15 @@ def tiny_target(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, 
     cls = LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM
     model = cls(tiny_config(family, **overrides)).to(dtype)
     return model.eval().requires_grad_(False)
+
+
+def save_target_and_draft(root):
+    """A tiny Llama target in `root/target` and a tiny draft model (another seed, same shapes and
+    tokenizer) in `root/draft`, each with the character tokenizer; returns the target."""
+    from tests.helpers.tiny_tokenizers import char_tokenizer
+
+    target = tiny_target("llama")
+    for folder, model in ((root / "target", target), (root / "draft", tiny_target("llama", 1))):
+        model.save_pretrained(folder)
+        char_tokenizer().save_pretrained(folder)
+    return target
