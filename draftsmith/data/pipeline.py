@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from draftsmith.data.render import RenderStats, render_conversations, resolve_ch
 from draftsmith.data.shards import check_run_target, read_manifest
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import write_atomic, write_json
+from draftsmith.files import read_json_dict, write_atomic, write_json
 
 
 def _throughput(manifest: dict, tokens_key: str) -> dict:
@@ -90,14 +91,21 @@ def run_data_recipe(
     if data.regenerate is not None:
         folder = out_dir / "regenerated"
         limit = data.regenerate.limit
-        with open_regeneration_server(data.regenerate, recipe.target.name, model, tokenizer,
-                                      template, data.max_length, log,
-                                      log_path=folder / "server.log") as (server, served):
+        served: dict = {}
+        with ExitStack() as stack:
+            def connect():  # only when a shard still needs answering
+                server, record = stack.enter_context(open_regeneration_server(
+                    data.regenerate, recipe.target.name, model, tokenizer, template,
+                    data.max_length, log, log_path=folder / "server.log"))
+                served.update(record)
+                return server
+
             report = regenerate(
                 model, tokenizer, conversations[:limit], folder, template=template,
                 settings=data.regenerate, max_length=data.max_length,
                 eos_ids=target.eos_token_ids, identity=identity,
-                stop_after_shards=stop_after_shards, progress=progress, server=server)
+                stop_after_shards=stop_after_shards, progress=progress,
+                server=connect if data.regenerate.backend == "openai" else None)
         manifest = read_manifest(folder)
         covered = sum(s["count"] for s in manifest["shards"])
         kept = conversations[covered:] if report.complete else []
@@ -105,7 +113,7 @@ def run_data_recipe(
         written = sum(s["written"] for s in manifest["shards"])
         summary["regeneration"] = {
             "folder": str(folder), "complete": report.complete, "backend": data.regenerate.backend,
-            "server": served or None,
+            "server": served or _previous_server(out_dir),
             "shards": f"{report.shards_written + report.shards_skipped}/{report.shards_total}",
             "input": covered, "conversations": written, "failed": failed,
             "skipped": covered - written - len(failed),
@@ -200,3 +208,9 @@ def _finish(out_dir: Path, summary: dict, log: Callable[[str], None]) -> dict:
     write_json(path, summary)
     log(f"summary: {path}")
     return summary
+
+
+def _previous_server(out_dir: Path) -> dict | None:
+    """The server record of the run that answered the shards (a finished run starts none)."""
+    previous = read_json_dict(out_dir / "summary.json") or {}
+    return (previous.get("regeneration") or {}).get("server") or None

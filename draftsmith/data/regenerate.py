@@ -250,7 +250,9 @@ def regenerate(
             tests of resume).
         progress: show a tqdm bar.
         server: the `ChatServer` that answers when `settings.backend` is `openai` (checked by
-            `server_check.check_serves_target` first).
+            `server_check.check_serves_target` first), or a zero-argument callable returning
+            it, called only when a shard still needs answering (a finished run starts no
+            server).
 
     Raises:
         DraftsmithError: no EOS id, or `out_dir` holds a run with other inputs or settings.
@@ -272,12 +274,18 @@ def regenerate(
     }
     manifest = open_run(out_dir, "regenerated", run_settings)
     done = done_shards(manifest)
-    if settings.backend == "openai":
-        if server is None:
-            raise ValueError("data.regenerate.backend is openai but no server was given")
-        respond = ServerResponder(server, settings)
-    else:
-        respond = InProcessResponder(model, tokenizer, settings, eos_ids)
+    if settings.backend == "openai" and server is None:
+        raise ValueError("data.regenerate.backend is openai but no server was given")
+    responder = None
+
+    def respond(requests):
+        nonlocal responder
+        if responder is None:
+            if settings.backend == "openai":
+                responder = ServerResponder(server() if callable(server) else server, settings)
+            else:
+                responder = InProcessResponder(model, tokenizer, settings, eos_ids)
+        return responder(requests)
     report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
     budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
     bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",

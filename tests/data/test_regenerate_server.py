@@ -132,6 +132,35 @@ def test_killed_server_then_resume_loses_nothing(target, tmp_path):
     assert indices == list(range(6))  # every conversation once: none lost, none twice
 
 
+    def no_server():
+        raise AssertionError("a finished run opened a server")
+
+    again = run(target, folder, no_server)  # a finished run starts no server at all
+    assert again.complete and again.shards_written == 0
+
+
+def test_recipe_with_a_local_server_resumes_without_starting_one(tmp_path):
+    from draftsmith.data.config import DataConfig, DataRecipe, TargetConfig
+    from draftsmith.data.pipeline import run_data_recipe
+
+    rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"Count to {i + 2}."},
+                                              {"from": "gpt", "value": "Original."}]}
+            for i in range(3)]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = DataConfig(source=str(tmp_path / "chats.jsonl"), out_dir=str(tmp_path / "data"),
+                      max_length=256, regenerate=settings(base_url="local", concurrency=2))
+    recipe = DataRecipe(TargetConfig(name=require_offline_model(NAME), dtype="float32"), data)
+    first_log, again_log = [], []
+    first = run_data_recipe(recipe, progress=False, log=first_log.append)
+    assert first["regeneration"]["complete"] and first["regeneration"]["conversations"] == 3
+    assert any(line.startswith("llama.cpp server on") for line in first_log), first_log
+    again = run_data_recipe(recipe, progress=False, log=again_log.append)
+    assert not any(("server" in line and "serves" in line) or line.startswith("llama.cpp server")
+                   for line in again_log), again_log  # finished: no engine started, no check
+    assert again["regeneration"]["server"] == first["regeneration"]["server"]
+    assert (tmp_path / "data" / "tokenized.jsonl").read_text().count("\n") == 3
+
+
 def _raises(call):
     try:
         call()
