@@ -1,14 +1,17 @@
-"""Requests to llama.cpp's own server endpoints: greedy completions of token ids and its counters.
+"""Requests to serving engines: greedy completions of token ids and the engines' own counters.
 
-`/completion` takes the prompt as token ids (so the engine and draftsmith's loop decode exactly the
-same context) and answers with the new token ids and `timings` (`predicted_n`, `predicted_ms`,
-and with a draft `draft_n` / `draft_n_accepted`). `/metrics` (Prometheus text, when the server
-was started with metrics) adds the spec-decode counters per draft position.
+llama.cpp's `/completion` takes the prompt as token ids (so the engine and draftsmith's loop decode
+exactly the same context) and answers with the new token ids and `timings` (`predicted_n`,
+`predicted_ms`, and with a draft `draft_n` / `draft_n_accepted`). vLLM's OpenAI `/v1/completions`
+takes token ids too and returns the new ids with `return_token_ids`; it reports no per-request
+timings, so its answers are timed by the client. Both serve Prometheus `/metrics` with spec-decode
+counters (`llamacpp:` / `vllm:` prefixes), per draft position included.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -74,7 +77,45 @@ def read_metrics(root_url: str) -> dict[str, float]:
     return values
 
 
-def accepted_per_position(metrics: dict[str, float], draft_max: int) -> list[float]:
-    """Accepted draft tokens at each draft position over all drafts (llama.cpp's counters)."""
-    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
-    return [metrics.get(f'{name}{{position="{k}"}}', 0.0) for k in range(draft_max)]
+def metric_total(metrics: dict[str, float], name: str, position: int | None = None) -> float:
+    """A counter summed over its label sets (vLLM labels every series with engine and model),
+    optionally only the series of one draft `position`."""
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, labels = key.partition("{")
+        if base == name and (position is None or f'position="{position}"' in labels):
+            total += value
+    return total
+
+
+def accepted_per_position(metrics: dict[str, float], draft_max: int,
+                          prefix: str = "llamacpp") -> list[float]:
+    """Accepted draft tokens at each draft position over all drafts (the engine's counters)."""
+    name = f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total"
+    return [metric_total(metrics, name, k) for k in range(draft_max)]
+
+
+def complete_greedy_openai(base_url: str, model: str, prompt_ids: list[int], max_new_tokens: int,
+                           timeout: float = 900.0) -> EngineAnswer:
+    """Greedy decoding of `prompt_ids` through an OpenAI `/v1/completions` that returns token
+    ids (vLLM's `return_token_ids`); `predicted_ms` is the request's wall time (prefill included,
+    the same for plain and speculative runs of one prompt).
+
+    Raises:
+        DraftsmithError: the server refused the request or answered without token ids.
+    """
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_new_tokens,
+            "temperature": 0.0, "return_token_ids": True}
+    start = time.perf_counter()
+    try:
+        response = httpx.post(f"{base_url}/completions", json=body, timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as err:
+        raise DraftsmithError(f"the server at {base_url} failed a completion: {err}") from err
+    seconds = time.perf_counter() - start
+    choices = response.json().get("choices") or [{}]
+    tokens = choices[0].get("token_ids")
+    if tokens is None:
+        raise DraftsmithError(f"the server at {base_url} answered without token ids "
+                              f"({sorted(choices[0])}); it needs `return_token_ids` (vLLM >= 0.10)")
+    return EngineAnswer(tokens=list(tokens), predicted_ms=seconds * 1000)

@@ -12,11 +12,9 @@ also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when i
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,16 +23,15 @@ from pathlib import Path
 import httpx
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import write_json
-from draftsmith.offline_models import cache_dir
+from draftsmith.serving.engine_env import engine_environment, engine_info, engines_dir
 
 XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
 LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
-READY = "ready.json"
+ENGINE = f"xllamacpp-{XLLAMACPP_VERSION}"
 
 
 def engine_dir() -> Path:
-    return cache_dir() / "engines" / f"xllamacpp-{XLLAMACPP_VERSION}"
+    return engines_dir() / ENGINE
 
 
 def engine_python(log: Callable[[str], None] = print) -> Path:
@@ -46,30 +43,9 @@ def engine_python(log: Callable[[str], None] = print) -> Path:
     Raises:
         DraftsmithError: the install failed (the pip output's tail is quoted).
     """
-    own = os.environ.get("DRAFTSMITH_LLAMA_CPP_PYTHON")
-    if own:
-        return Path(own)
-    folder = engine_dir()
-    python = folder / "venv" / "bin" / "python"
-    if (folder / READY).is_file() and python.is_file():
-        return python
-    log(f"installing llama.cpp's server (xllamacpp {XLLAMACPP_VERSION}) into {folder}")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / READY).unlink(missing_ok=True)  # a half-made environment never looks complete
-    steps = [[sys.executable, "-m", "venv", "--clear", str(folder / "venv")],
-             [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-              f"xllamacpp=={XLLAMACPP_VERSION}"],
-             [str(python), "-c", "import xllamacpp"]]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-            raise DraftsmithError(
-                f"could not set up llama.cpp's server in {folder} ({' '.join(step[:4])} ...):\n"
-                + "\n".join(tail) + "\nCheck that PyPI is reachable, or point "
-                "$DRAFTSMITH_LLAMA_CPP_PYTHON at a Python that has xllamacpp installed")
-    write_json(folder / READY, {"xllamacpp": XLLAMACPP_VERSION, "python": sys.version.split()[0]})
-    return python
+    return engine_environment(ENGINE, ["--no-deps", f"xllamacpp=={XLLAMACPP_VERSION}"],
+                              "import xllamacpp", own_python_env="DRAFTSMITH_LLAMA_CPP_PYTHON",
+                              record={"xllamacpp": XLLAMACPP_VERSION}, log=log)
 
 
 def free_port() -> int:
@@ -214,6 +190,5 @@ class LlamaCppServer:
 
 def engine_record() -> dict:
     """What served the answers, for manifests and reports."""
-    ready = engine_dir() / READY
-    info = json.loads(ready.read_text()) if ready.is_file() else {}
+    info = engine_info(ENGINE)
     return {"engine": "llama.cpp (xllamacpp)", "version": info.get("xllamacpp", XLLAMACPP_VERSION)}

@@ -1,9 +1,11 @@
-"""`draftsmith serve-check`: an EAGLE-3 export run by a real serving engine (llama.cpp), checked.
+"""`draftsmith serve-check`: an EAGLE-3 export run by a real serving engine, checked.
 
-The export is converted to a draft GGUF with llama.cpp's own converter, then the engine serves the
-target's GGUF twice on loopback: plain, and with the draft (`draft-eagle3`, `draft_max` tokens a
-step). The same prompts (rendered with the target's chat template, sent as token ids) are decoded
-greedily by both. The check passes when every speculative answer equals the plain one token for
+llama.cpp: the export is converted to a draft GGUF with llama.cpp's own converter, then the engine
+serves the target's GGUF twice on loopback: plain, and with the draft (`draft-eagle3`, `draft_max`
+tokens a step). vLLM: the engine serves the target's Hugging Face folder twice, plain and with
+`--speculative-config {"method": "eagle3", "model": EXPORT_DIR, ...}` (the export as written, in
+either EAGLE-3 layout). The same prompts (rendered with the target's chat template, sent as token
+ids) are decoded greedily by both runs. The check passes when every speculative answer equals the plain one token for
 token and the engine accepts more than `min_acceptance` of the draft tokens; acceptance ~0 in an
 engine is the field's common export failure (missing aux layer ids, wrong norms, skipped keys).
 Optionally draftsmith's own loop decodes the same prompts with the same drafter and chain length,
@@ -18,10 +20,13 @@ from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
+from draftsmith.serving import ENGINES
 from draftsmith.serving.engine_requests import (
     EngineAnswer,
     accepted_per_position,
     complete_greedy,
+    complete_greedy_openai,
+    metric_total,
     read_metrics,
 )
 from draftsmith.serving.llama_cpp import DraftOptions, LlamaCppServer
@@ -37,6 +42,7 @@ class ServeCheckSettings:
         min_acceptance: fail below this engine acceptance rate (accepted / drafted tokens).
         threads: engine CPU threads (None: every core this process may use).
         loop: also decode with draftsmith's own loop for the side-by-side numbers.
+        engine: `llama.cpp` or `vllm`.
     """
 
     draft_max: int = 3
@@ -44,8 +50,11 @@ class ServeCheckSettings:
     min_acceptance: float = 0.05
     threads: int | None = None
     loop: bool = False
+    engine: str = "llama.cpp"
 
     def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise DraftsmithError(f"--engine {self.engine}: choose {', '.join(ENGINES)}")
         if self.draft_max < 1:
             raise DraftsmithError(f"--draft-max {self.draft_max} must be >= 1")
         if self.max_new_tokens < 1:
@@ -68,26 +77,54 @@ class EngineRun:
         return tokens / seconds if seconds > 0 else 0.0
 
 
+def _context(prompts: list[list[int]], settings: ServeCheckSettings) -> int:
+    return max(len(p) for p in prompts) + settings.max_new_tokens + settings.draft_max + 8
+
+
 def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSettings, log_path: Path,
                draft: DraftOptions | None = None, log: Callable[[str], None] = print) -> EngineRun:
     """Greedy answers to every prompt from one llama.cpp server (one slot, requests in turn)."""
-    longest = max(len(p) for p in prompts) + settings.max_new_tokens + settings.draft_max + 8
-    with LlamaCppServer(gguf, parallel=1, ctx_per_slot=longest, threads=settings.threads,
-                        log_path=log_path, log=log, draft=draft, metrics=True) as server:
+    with LlamaCppServer(gguf, parallel=1, ctx_per_slot=_context(prompts, settings),
+                        threads=settings.threads, log_path=log_path, log=log, draft=draft,
+                        metrics=True) as server:
         answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
                    for ids in prompts]
         return EngineRun(answers, read_metrics(server.root_url))
 
 
-def engine_acceptance(run: EngineRun, draft_max: int) -> dict:
-    """tau, acceptance rate and acceptance per draft position from the engine's own counters."""
+def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSettings,
+             log_path: Path, speculative: dict | None = None,
+             log: Callable[[str], None] = print) -> EngineRun:
+    """Greedy answers to every prompt from one vLLM server (one sequence at a time); each
+    answer's drafted and accepted tokens are the spec-decode counters' change over its request."""
+    from draftsmith.serving.vllm import VllmServer
+
+    drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
+    with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),
+                    threads=settings.threads, log_path=log_path, log=log) as server:
+        answers, before = [], read_metrics(server.root_url)
+        for ids in prompts:
+            answer = complete_greedy_openai(server.base_url, server.served_name, ids,
+                                            settings.max_new_tokens)
+            after = read_metrics(server.root_url)
+            answer.draft_n = round(metric_total(after, drafted) - metric_total(before, drafted))
+            answer.draft_accepted = round(metric_total(after, accepted)
+                                          - metric_total(before, accepted))
+            answers.append(answer)
+            before = after
+        return EngineRun(answers, before)
+
+
+def engine_acceptance(run: EngineRun, draft_max: int, prefix: str = "llamacpp") -> dict:
+    """tau, acceptance rate and acceptance per draft position from the engine's own counters
+    (`prefix`: the engine's metric prefix, `llamacpp` or `vllm`)."""
     drafted = sum(a.draft_n for a in run.answers)
     accepted = sum(a.draft_accepted for a in run.answers)
     tokens = sum(len(a.tokens) for a in run.answers)
     steps = sum(a.target_steps for a in run.answers)
-    drafts = run.metrics.get("llamacpp:spec_decode_num_drafts_total", 0.0)
+    drafts = metric_total(run.metrics, f"{prefix}:spec_decode_num_drafts_total")
     per_position = [round(n / drafts, 4) if drafts else 0.0
-                    for n in accepted_per_position(run.metrics, draft_max)]
+                    for n in accepted_per_position(run.metrics, draft_max, prefix)]
     return {"tau": round(tokens / max(steps, 1), 4),
             "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
             "draft_tokens": drafted, "accepted_tokens": accepted, "drafts": int(drafts),

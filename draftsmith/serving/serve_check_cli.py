@@ -7,8 +7,8 @@ from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
+from draftsmith.serving import ENGINES
 
-ENGINES = ("llama.cpp",)
 DEFAULT_TARGET = "smollm2-135m-instruct"
 
 
@@ -18,13 +18,14 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     from draftsmith.serving.serve_check_run import require_export_folder, run_serve_check
 
     require_export_folder(Path(args.export_dir))  # before any prompt set is installed
+    if args.target_gguf and args.engine != "llama.cpp":
+        raise DraftsmithError("--target-gguf is for --engine llama.cpp; vLLM serves the target's "
+                              "Hugging Face folder (--target)")
     prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
                              args.limit)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
-                                  loop=args.loop)
-    if args.engine not in ENGINES:
-        raise DraftsmithError(f"--engine {args.engine}: choose {', '.join(ENGINES)}")
+                                  loop=args.loop, engine=args.engine)
     run_serve_check(args.export_dir, args.target, prompts, args.out, settings,
                     target_gguf=args.target_gguf)
     return 0
@@ -41,7 +42,10 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
         "when outputs differ or the engine accepts (almost) nothing.")
     parser.add_argument("export_dir", metavar="EXPORT_DIR",
                         help="folder of `draftsmith export CKPT --format eagle3` (or speculators)")
-    parser.add_argument("--engine", default="llama.cpp", choices=ENGINES)
+    parser.add_argument("--engine", default="llama.cpp", choices=ENGINES,
+                        help="llama.cpp (the target's GGUF, the draft converted to GGUF) or vllm "
+                        "(its CPU build, the target's folder, the export as written); each is "
+                        "installed once into its own environment under the draftsmith cache")
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="offline model name, or a Hugging Face folder with --target-gguf")
     parser.add_argument("--target-gguf", help="the target as GGUF for the engine (default: the "

@@ -18,30 +18,26 @@ from draftsmith.serving.serve_check import (
     failures,
     prompt_token_ids,
     run_engine,
+    run_vllm,
 )
 
 RESULT = "serve_check.json"
 
 
 def target_files(spec: str, target_gguf: str | None = None) -> tuple[Path, Path]:
-    """(target GGUF the engine serves, Hugging Face folder the converter and the loop read).
+    """(target GGUF llama.cpp serves, Hugging Face folder the converter and the loop read).
 
     Raises:
         DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`.
     """
     from draftsmith import offline_models
 
+    folder = target_folder(spec)
     if spec in offline_models.CATALOG:
-        if not offline_models.is_fetched(spec):
-            raise DraftsmithError(f"target {spec} is not fetched: run `draftsmith models fetch "
-                                  f"{spec}`")
-        gguf = Path(target_gguf) if target_gguf else offline_models.gguf_path(spec)
-        return gguf, offline_models.model_dir(spec)
-    folder = Path(spec)
-    if not (folder / "config.json").is_file() or not target_gguf:
-        raise DraftsmithError(f"--target {spec!r}: give an offline model name "
-                              f"({', '.join(offline_models.CATALOG)}) or a Hugging Face folder "
-                              "with --target-gguf FILE (the same model as GGUF for the engine)")
+        return (Path(target_gguf) if target_gguf else offline_models.gguf_path(spec)), folder
+    if not target_gguf:
+        raise DraftsmithError(f"--target {spec!r} is a folder: llama.cpp also needs "
+                              "--target-gguf FILE (the same model as GGUF)")
     return Path(target_gguf), folder
 
 
@@ -65,7 +61,7 @@ def check_eagle3_export(export_dir: Path, target_dir: Path) -> None:
     drafter = check_exported(export_dir, load_target_config(str(target_dir)))
     if drafter.kind != "eagle3":
         raise DraftsmithError(f"{export_dir} is a {drafter.kind} drafter ({drafter.format} layout); "
-                              "serve-check --engine llama.cpp runs EAGLE-3 exports (--format eagle3 "
+                              "serve-check runs EAGLE-3 exports (--format eagle3 "
                               "or speculators)")
 
 
@@ -104,7 +100,6 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
             or the check failing (outputs differ, acceptance below the floor); the JSON is
             written first in the last case.
     """
-    from draftsmith.export.gguf import convert_eagle3_to_gguf
     from draftsmith.precision import hardware_record
     from draftsmith.target import load_tokenizer
 
@@ -112,24 +107,25 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     if not prompts:
         raise DraftsmithError("serve-check got no prompts (check --bench / --prompts / --limit)")
     require_export_folder(export_dir)
-    gguf, target_dir = target_files(target, target_gguf)
+    if settings.engine == "vllm":
+        gguf, target_dir = None, target_folder(target)
+    else:
+        gguf, target_dir = target_files(target, target_gguf)
     check_eagle3_export(export_dir, target_dir)
-    draft_gguf = convert_eagle3_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
-    plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
-    draft = DraftOptions(draft_gguf, draft_max=settings.draft_max)
-    spec = run_engine(gguf, ids, settings, out_dir / "engine_eagle3.log", draft, log)
-    engine = engine_acceptance(spec, settings.draft_max)
+    if settings.engine == "vllm":
+        plain, spec, served = _run_vllm(export_dir, target_dir, ids, settings, out_dir, log)
+    else:
+        plain, spec, served = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
+                                             out_dir, log)
+    engine = engine_acceptance(spec, settings.draft_max, served.pop("metric_prefix"))
     engine["tokens_per_second_spec"] = round(spec.tokens_per_second, 2)
     engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
     engine["speedup"] = round(spec.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
     records = compare_outputs(prompts, plain, spec)
-    record = engine_record()
     summary = {
-        "engine": record["engine"], "version": record["version"],
-        "target": target, "target_gguf": str(gguf), "export_dir": str(export_dir),
-        "draft_gguf": str(draft_gguf), "spec_type": draft.spec_type,
+        **served, "target": target, "export_dir": str(export_dir),
         "draft_max": settings.draft_max, "max_new_tokens": settings.max_new_tokens,
         "prompts": len(prompts), "prompt_sets": sorted({p.set_name for p in prompts}),
         "identical": [sum(r["identical"] for r in records), len(records)],
@@ -150,6 +146,55 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
                               + f"\n(details: {out_dir / RESULT}; engine logs in {out_dir})")
     log(f"ok: {out_dir / RESULT}")
     return summary
+
+
+def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
+                   settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
+    """(plain run, speculative run, what served them) in llama.cpp with the converted draft."""
+    from draftsmith.export.gguf import convert_eagle3_to_gguf
+
+    draft_gguf = convert_eagle3_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
+    plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
+    draft = DraftOptions(draft_gguf, draft_max=settings.draft_max)
+    spec = run_engine(gguf, ids, settings, out_dir / "engine_eagle3.log", draft, log)
+    record = engine_record()
+    return plain, spec, {"engine": record["engine"], "version": record["version"],
+                         "target_gguf": str(gguf), "draft_gguf": str(draft_gguf),
+                         "spec_type": draft.spec_type, "metric_prefix": "llamacpp"}
+
+
+def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
+              settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
+    """(plain run, speculative run, what served them) in vLLM with the export as written."""
+    from draftsmith.serving import vllm
+
+    speculative = {"method": "eagle3", "model": str(export_dir.resolve()),
+                   "num_speculative_tokens": settings.draft_max}
+    plain = run_vllm(target_dir, ids, settings, out_dir / "engine_plain.log", log=log)
+    spec = run_vllm(target_dir, ids, settings, out_dir / "engine_eagle3.log", speculative, log)
+    record = vllm.engine_record()
+    return plain, spec, {"engine": record["engine"], "version": record["version"],
+                         "target_dir": str(target_dir), "speculative_config": speculative,
+                         "dtype": "float32", "metric_prefix": "vllm"}
+
+
+def target_folder(spec: str) -> Path:
+    """The target's Hugging Face folder (vLLM serves it): an offline model's or a folder.
+
+    Raises:
+        DraftsmithError: an offline model not fetched, or no model folder.
+    """
+    from draftsmith import offline_models
+
+    if spec in offline_models.CATALOG:
+        if not offline_models.is_fetched(spec):
+            raise DraftsmithError(f"target {spec} is not fetched: run `draftsmith models fetch "
+                                  f"{spec}`")
+        return offline_models.model_dir(spec)
+    if not (Path(spec) / "config.json").is_file():
+        raise DraftsmithError(f"--target {spec!r}: give an offline model name "
+                              f"({', '.join(offline_models.CATALOG)}) or a Hugging Face folder")
+    return Path(spec)
 
 
 def loop_summary(target_dir: Path, export_dir: Path, ids: list[list[int]],

@@ -1,0 +1,90 @@
+"""Serving engines' own Python environments under the draftsmith cache, never the project's.
+
+Each engine lives in `<cache>/engines/<name>/venv`, installed once by pip and marked complete by
+`ready.json` only after its import check passed, so a half-made environment is redone, not used.
+An environment variable may name another Python that already has the engine; it is used as is.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.files import read_json_dict, write_json
+from draftsmith.offline_models import cache_dir
+
+READY = "ready.json"
+
+
+def engines_dir() -> Path:
+    return cache_dir() / "engines"
+
+
+def engine_environment(name: str, pip_args: Sequence[str], check: str, *, own_python_env: str,
+                       first: Sequence[Sequence[str]] = (), after: Sequence[Sequence[str]] = (),
+                       record: dict | None = None,
+                       log: Callable[[str], None] = print) -> Path:
+    """The Python of engine environment `name`, installed on first use.
+
+    Args:
+        name: folder under `<cache>/engines/` (carries the version).
+        pip_args: what `pip install` gets (packages, index options).
+        check: Python code that must run in the new environment (e.g. `import vllm`).
+        own_python_env: environment variable naming a Python to use instead.
+        first: `pip install` argument lists tried in turn before `pip_args` until one succeeds
+            (e.g. a pinned torch from the configured indexes, then from PyTorch's).
+        after: further commands run in the environment after pip (`{python}` is replaced).
+        record: extra fields for `ready.json`.
+
+    Raises:
+        DraftsmithError: a step failed (its output's tail is quoted).
+    """
+    own = os.environ.get(own_python_env)
+    if own:
+        return Path(own)
+    folder = engines_dir() / name
+    python = folder / "venv" / "bin" / "python"
+    if read_json_dict(folder / READY) and python.is_file():
+        return python
+    log(f"installing {name} into {folder} (once; later runs reuse it)")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / READY).unlink(missing_ok=True)  # a half-made environment never looks complete
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    start = time.perf_counter()
+    _step(name, folder, own_python_env, [sys.executable, "-m", "venv", "--clear",
+                                         str(folder / "venv")])
+    for k, choice in enumerate(first):
+        last = k == len(first) - 1
+        if _step(name, folder, own_python_env, [*pip, *choice], required=last):
+            break
+    for step in [[*pip, *pip_args],
+                 *[[part.replace("{python}", str(python)) for part in step] for step in after],
+                 [str(python), "-c", check]]:
+        _step(name, folder, own_python_env, step)
+    seconds = round(time.perf_counter() - start, 1)
+    write_json(folder / READY, {**(record or {}), "python": sys.version.split()[0],
+                                "install_seconds": seconds})
+    log(f"{name} installed in {seconds:g} s")
+    return python
+
+
+def _step(name: str, folder: Path, own_python_env: str, step: list[str],
+          required: bool = True) -> bool:
+    done = subprocess.run(step, capture_output=True, text=True)
+    if done.returncode == 0 or not required:
+        return done.returncode == 0
+    tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+    raise DraftsmithError(
+        f"could not set up {name} in {folder} ({' '.join(step[:4])} ...):\n" + "\n".join(tail)
+        + f"\nCheck that PyPI is reachable, or point ${own_python_env} at a Python that has the "
+        "engine installed")
+
+
+def engine_info(name: str) -> dict:
+    """`ready.json` of an installed engine ({} when it is not installed)."""
+    return read_json_dict(engines_dir() / name / READY)
