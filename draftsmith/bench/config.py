@@ -8,6 +8,7 @@ from pathlib import Path
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_methods, split_method
+from draftsmith.serving import ENGINES
 from draftsmith.target import DTYPE_CHOICES
 
 
@@ -120,7 +121,7 @@ class BenchConfig:
     bars: dict = field(default_factory=dict)
     speedup_bar: float | None = None
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
-    engine: dict = field(default_factory=dict)  # {drafter: LABEL, draft_max, limit, max_new_tokens}
+    engine: dict = field(default_factory=dict)  # {drafter, draft_max, limit, max_new_tokens, engines}
     path: str = ""
 
     def kind(self, label: str) -> KindEntry:
@@ -179,7 +180,7 @@ def load_bench_config(path: str | Path) -> BenchConfig:
     return config
 
 
-ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens"}
+ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines"}
 
 
 def _check_engine(config: BenchConfig, path) -> None:
@@ -187,10 +188,14 @@ def _check_engine(config: BenchConfig, path) -> None:
     spec = config.engine
     if not spec:
         return
-    hint = "e.g. engine: {drafter: eagle3, draft_max: 3}"
+    hint = "e.g. engine: {drafter: eagle3, draft_max: 3, engines: [llama.cpp, vllm]}"
     if not isinstance(spec, dict) or set(spec) - ENGINE_KEYS or "drafter" not in spec:
         raise DraftsmithError(f"{path}: engine = {spec!r}: give `drafter` (a label of kinds) and "
                               f"optionally {', '.join(sorted(ENGINE_KEYS - {'drafter'}))}; {hint}")
+    engines = spec.get("engines", ["llama.cpp"])
+    if not isinstance(engines, list) or not engines or set(engines) - set(ENGINES):
+        raise DraftsmithError(f"{path}: engine.engines = {engines!r}: a list of "
+                              f"{', '.join(ENGINES)}; {hint}")
     labels = {k.label: k for k in config.kinds}
     if spec["drafter"] not in labels:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is not in `kinds` "
@@ -200,8 +205,8 @@ def _check_engine(config: BenchConfig, path) -> None:
     kind = {**(recipe.get("drafter") or {}), **entry.drafter}.get("kind")
     if kind != "eagle3":
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is a {kind} drafter; "
-                              "the engine check runs EAGLE-3 drafters (llama.cpp's draft-eagle3)")
-    for key in ENGINE_KEYS - {"drafter"}:
+                              "the engine check runs EAGLE-3 drafters")
+    for key in ENGINE_KEYS - {"drafter", "engines"}:
         value = spec.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DraftsmithError(f"{path}: engine.{key} = {value!r}: must be an integer >= 1")

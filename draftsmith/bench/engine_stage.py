@@ -1,10 +1,13 @@
-"""The benchmark's engine stage: the trained EAGLE-3 drafter exported, converted to a draft GGUF
-and run by llama.cpp's server next to draftsmith's own loop (`draftsmith serve-check --loop`), on
-the benchmark's prompts (first turns), so BENCHMARKS.md has the engine-vs-loop table.
+"""The benchmark's engine stage: the trained EAGLE-3 drafter exported and run by real serving
+engines next to draftsmith's own loop (`draftsmith serve-check --loop`), on the benchmark's prompts
+(first turns), so BENCHMARKS.md has the engine-vs-loop table: llama.cpp (the draft converted to
+GGUF, the target's GGUF) and, when listed in `engine.engines`, vLLM (its CPU build, the export as
+written, the target's folder in float32).
 
-Layout under `out_dir/engine/`: `export/` (the `eagle3` export), `draft.gguf`, the engine logs and
-`serve_check.json`. Skipped when `serve_check.json` exists. A check that fails (outputs differ,
-acceptance ~0) is recorded with `passed: false` and reported; it does not stop the benchmark.
+Layout under `out_dir`: `engine/` (llama.cpp) and `engine-vllm/` with the engine logs and
+`serve_check.json`; `engine/export/` holds the `eagle3` export both use. An engine whose
+`serve_check.json` exists is skipped. A check that fails (outputs differ, acceptance ~0) is
+recorded with `passed: false` and reported; it does not stop the benchmark.
 """
 
 from __future__ import annotations
@@ -18,28 +21,48 @@ from draftsmith.errors import DraftsmithError
 RESULT = "serve_check.json"
 
 
-def engine_check(config: BenchConfig, log=print) -> dict | None:
-    """Run (or read) the engine check of `config.engine`; None when the config asks for none."""
+def engine_folder(out_dir: str | Path, engine: str) -> Path:
+    return Path(out_dir) / ("engine" if engine == "llama.cpp" else f"engine-{engine}")
+
+
+def engine_check(config: BenchConfig, log=print) -> dict:
+    """Run (or read) the engine checks of `config.engine`: {engine: serve_check summary}."""
+    spec = config.engine
+    if not spec:
+        return {}
+    return {engine: _check_one(config, engine, log) for engine in spec.get("engines", ["llama.cpp"])}
+
+
+def read_engine_checks(config: BenchConfig) -> dict:
+    """The finished engine checks, without running any."""
+    found = {}
+    for engine in config.engine.get("engines", ["llama.cpp"]) if config.engine else []:
+        path = engine_folder(config.out_dir, engine) / RESULT
+        if path.is_file():
+            found[engine] = json.loads(path.read_text())
+    return found
+
+
+def _check_one(config: BenchConfig, engine: str, log) -> dict:
     from draftsmith.data.prompts import gather_prompts
     from draftsmith.export.write import export_drafter
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import run_serve_check
 
     spec = config.engine
-    if not spec:
-        return None
-    folder = Path(config.out_dir) / "engine"
+    folder = engine_folder(config.out_dir, engine)
     if (folder / RESULT).is_file():
         return json.loads((folder / RESULT).read_text())
     drafter = Path(config.out_dir) / "train" / spec["drafter"] / "drafter"
-    export = export_drafter(drafter, "eagle3", folder / "export", overwrite=True)
+    export = Path(config.out_dir) / "engine" / "export"
+    export_drafter(drafter, "eagle3", export, overwrite=True)  # seconds; always the trained one
     limit = spec.get("limit", config.eval.limit)
     prompts = gather_prompts(config.eval.bench, (), limit)
     settings = ServeCheckSettings(draft_max=spec.get("draft_max", config.eval.num_draft_tokens),
                                   max_new_tokens=spec.get("max_new_tokens",
                                                           config.eval.max_new_tokens),
-                                  loop=True)
-    log(f"engine check: {spec['drafter']} in llama.cpp, {len(prompts)} prompts")
+                                  loop=True, engine=engine)
+    log(f"engine check: {spec['drafter']} in {engine}, {len(prompts)} prompts")
     try:
         return run_serve_check(export, config.target, prompts, folder, settings, log=log)
     except DraftsmithError as err:

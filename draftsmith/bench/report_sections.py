@@ -4,6 +4,7 @@ quantized-target rows)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -65,11 +66,15 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
 
 
 def engine_section(bench: dict) -> list[str]:
-    """The engine check: the EAGLE-3 drafter in llama.cpp next to draftsmith's loop (same
-    prompts, same drafter, same chain length), from `engine/serve_check.json`."""
-    check = bench.get("engine")
-    if not check:
-        return []
+    """The engine checks: the EAGLE-3 drafter in each serving engine next to draftsmith's loop
+    (same prompts, same drafter, same chain length), from each `serve_check.json`."""
+    lines = []
+    for name, check in (bench.get("engines") or {}).items():
+        lines += _engine_table(name, check)
+    return lines
+
+
+def _engine_table(name: str, check: dict) -> list[str]:
     engine, loop = check["engine_stats"], check.get("draftsmith") or {}
     same, total = check["identical"]
     rows = [("tau (tokens per target step)", fmt(engine["tau"]), fmt(loop.get("tau"))),
@@ -82,20 +87,31 @@ def engine_section(bench: dict) -> list[str]:
               fmt(loop.get("tokens_per_second"), ".1f")),
              ("tokens/s plain (engine)", fmt(engine["tokens_per_second_plain"], ".1f"), ""),
              ("speedup over the engine's plain decoding", fmt(engine["speedup"]) + "x", "")]
-    table = [f"{'':44} {'llama.cpp':>10} {'draftsmith loop':>16}",
-             *[f"{name:44} {a:>10} {b:>16}" for name, a, b in rows]]
+    table = [f"{'':44} {name:>10} {'draftsmith loop':>16}",
+             *[f"{row:44} {a:>10} {b:>16}" for row, a, b in rows]]
     answers = loop.get("same_answer_as_engine")
+    if check.get("target_gguf"):
+        served = (f"converted by llama.cpp's own converter and served with `--spec-type "
+                  f"{check['spec_type']}` on the target's GGUF ({Path(check['target_gguf']).name}, "
+                  "which the engine computes in its quantized form)")
+        precision = "the engine computes with quantized weights, the loop in float32"
+        timing = "the engine's own decode timings"
+    else:
+        shown = {k: v for k, v in check["speculative_config"].items() if k != "model"}
+        served = (f"served as written with `--speculative-config {json.dumps(shown)}` (plus the "
+                  f"export's folder as `model`) on the target's folder in "
+                  f"{check.get('dtype', 'float32')}")
+        precision = "both compute in float32; near-ties may still flip between kernels"
+        timing = "each request's wall time (prefill included)"
     return [f"### In a serving engine: {check['engine']} {check['version']} (greedy, EAGLE-3 chain "
             f"of {check['draft_max']})", "",
-            f"The trained EAGLE-3 drafter exported (`eagle3`), converted by llama.cpp's own "
-            f"converter and served with `--spec-type {check['spec_type']}` on the target's GGUF "
-            f"({Path(check['target_gguf']).name}, which the engine computes in its quantized "
-            f"form), {check['prompts']} prompts (first turns of "
-            f"{', '.join(check['prompt_sets'])}) x {check['max_new_tokens']} new tokens, "
-            f"engine threads: {check.get('engine_threads') or 'all'}; draftsmith's loop decodes "
-            "the same prompts in float32 with the same drafter and chain length.", "", "```",
-            *table, "```", "",
+            f"The trained EAGLE-3 drafter exported (`eagle3`), {served}, {check['prompts']} "
+            f"prompts (first turns of {', '.join(check['prompt_sets'])}) x "
+            f"{check['max_new_tokens']} new tokens, engine threads: "
+            f"{check.get('engine_threads') or 'all'}; tokens/s from {timing}; draftsmith's loop "
+            "decodes the same prompts in float32 with the same drafter and chain length.", "",
+            "```", *table, "```", "",
             f"Engine output with the draft identical to its plain decoding: {same}/{total}"
-            + (f"; the loop's answers equal to the engine's: {answers[0]}/{answers[1]} (the engine "
-               "computes with quantized weights, the loop in float32)" if answers else "")
+            + (f"; the loop's answers equal to the engine's: {answers[0]}/{answers[1]} "
+               f"({precision})" if answers else "")
             + f". Check {'passed' if check.get('passed') else 'FAILED'}.", ""]

@@ -9,6 +9,7 @@ Layout under `out_dir`:
     eval_t{T}/eval.json        every method side by side at temperature T (+ plots)
     eval_{pass}/eval.json      the extra greedy runs (batch sizes, quantized target)
     engine/serve_check.json    the EAGLE-3 drafter in llama.cpp next to draftsmith's loop
+    engine-vllm/serve_check.json   the same in vLLM (when engine.engines lists it)
     bench.json                 everything the report needs
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.bench.config import BenchConfig, KindEntry
-from draftsmith.bench.engine_stage import engine_check
+from draftsmith.bench.engine_stage import engine_check, read_engine_checks
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
 from draftsmith.files import write_json
@@ -243,11 +244,7 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
             passes[name] = evaluate_pass(config, name, log)
         elif (out / f"eval_{name}" / "eval.json").is_file():
             passes[name] = json.loads((out / f"eval_{name}" / "eval.json").read_text())
-    engine = None
-    if "eval" in stages:
-        engine = engine_check(config, log)
-    elif (out / "engine" / "serve_check.json").is_file():
-        engine = json.loads((out / "engine" / "serve_check.json").read_text())
+    engines = engine_check(config, log) if "eval" in stages else read_engine_checks(config)
     data_summary = out / "data" / "summary.json"
     payload = {
         "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds]},
@@ -258,7 +255,8 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
         "eval": {t: {k: v for k, v in e.items() if k != "records"} for t, e in evals.items()},
         "passes": {n: {k: v for k, v in e.items() if k not in ("records", "batch_records")}
                    for n, e in passes.items()},
-        "engine": engine and {k: v for k, v in engine.items() if k != "records"},
+        "engines": {name: {k: v for k, v in check.items() if k != "records"}
+                    for name, check in engines.items()},
     }
     path = out / "bench.json"
     write_json(path, payload)

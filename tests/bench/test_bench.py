@@ -141,6 +141,7 @@ def test_lossless_line_of_the_report():
     ({"drafter": "eagle1"}, "is a eagle1 drafter; the engine check runs EAGLE-3"),
     ({"drafter": "eagle9"}, "engine.drafter 'eagle9' is not in `kinds`"),
     ({"drafter": "eagle1", "threads": 2}, "give `drafter`"),
+    ({"drafter": "eagle3", "engines": ["sglang"]}, "engine.engines"),
 ])
 def test_bad_engine_sections_are_clear_errors(tmp_path, engine, message):
     with pytest.raises(DraftsmithError, match=message):
@@ -158,11 +159,17 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
                               "speedup": 1.5},
              "draftsmith": {"tau": 1.75, "acceptance": 0.38, "acceptance_per_position": [0.58, 0.19],
                             "tokens_per_second": 20.0, "same_answer_as_engine": [12, 30]}}
-    text = "\n".join(engine_section({"engine": check}))
+    vllm = {**check, "engine": "vLLM (CPU build)", "version": "0.32.0", "target_gguf": None,
+            "speculative_config": {"method": "eagle3", "model": "/x", "num_speculative_tokens": 2},
+            "dtype": "float32", "passed": False}
+    text = "\n".join(engine_section({"engines": {"llama.cpp": check, "vllm": vllm}}))
     assert "### In a serving engine: llama.cpp b1 (greedy, EAGLE-3 chain of 2)" in text
     assert "accepted at draft position 2" in text and "20.0%" in text and "19.0%" in text
     assert "1.50x" in text and "identical to its plain decoding: 30/30" in text
     assert "equal to the engine's: 12/30" in text and "Check passed." in text
+    assert "### In a serving engine: vLLM (CPU build) 0.32.0" in text
+    assert '`--speculative-config {"method": "eagle3", "num_speculative_tokens": 2}`' in text
+    assert "Check FAILED." in text
     assert engine_section({}) == []
 
 
