@@ -13,14 +13,13 @@ also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when i
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.engine_env import engine_environment, engine_info, engines_dir
-from draftsmith.serving.server_process import ServerProcess
+from draftsmith.serving.server_process import ServerProcess, free_port
 
 XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
 LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
@@ -43,13 +42,6 @@ def engine_python(log: Callable[[str], None] = print) -> Path:
     return engine_environment(ENGINE, ["--no-deps", f"xllamacpp=={XLLAMACPP_VERSION}"],
                               "import xllamacpp", own_python_env="DRAFTSMITH_LLAMA_CPP_PYTHON",
                               record={"xllamacpp": XLLAMACPP_VERSION}, log=log)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

