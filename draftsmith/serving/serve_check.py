@@ -94,14 +94,14 @@ def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSetting
 
 def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSettings,
              log_path: Path, speculative: dict | None = None,
-             log: Callable[[str], None] = print) -> EngineRun:
+             log: Callable[[str], None] = print, dtype: str = "float32") -> EngineRun:
     """Greedy answers to every prompt from one vLLM server (one sequence at a time); each
     answer's drafted and accepted tokens are the spec-decode counters' change over its request."""
     from draftsmith.serving.vllm import VllmServer
 
     drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
     with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),
-                    threads=settings.threads, log_path=log_path, log=log) as server:
+                    dtype=dtype, threads=settings.threads, log_path=log_path, log=log) as server:
         answers, before = [], read_metrics(server.root_url)
         for ids in prompts:
             answer = complete_greedy_openai(server.base_url, server.served_name, ids,

@@ -166,16 +166,25 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
 def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
               settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
     """(plain run, speculative run, what served them) in vLLM with the export as written."""
+    from draftsmith.export.cli import load_target_config
+    from draftsmith.precision import choose_dtype
     from draftsmith.serving import vllm
 
+    config = load_target_config(str(target_dir))  # the engine's dtype measured as `auto` chooses
+    choice = choose_dtype("auto", "cpu", config.hidden_size,
+                          getattr(config, "intermediate_size", None))
+    log(f"vLLM dtype: {choice.dtype} ({choice.reason})")
     speculative = {"method": "eagle3", "model": str(export_dir.resolve()),
                    "num_speculative_tokens": settings.draft_max}
-    plain = run_vllm(target_dir, ids, settings, out_dir / "engine_plain.log", log=log)
-    spec = run_vllm(target_dir, ids, settings, out_dir / "engine_eagle3.log", speculative, log)
+    plain = run_vllm(target_dir, ids, settings, out_dir / "engine_plain.log", log=log,
+                     dtype=choice.dtype)
+    spec = run_vllm(target_dir, ids, settings, out_dir / "engine_eagle3.log", speculative, log,
+                    dtype=choice.dtype)
     record = vllm.engine_record()
     return plain, spec, {"engine": record["engine"], "version": record["version"],
                          "target_dir": str(target_dir), "speculative_config": speculative,
-                         "dtype": "float32", "metric_prefix": "vllm"}
+                         "dtype": choice.dtype, "dtype_reason": choice.reason,
+                         "metric_prefix": "vllm"}
 
 
 def target_folder(spec: str) -> Path:

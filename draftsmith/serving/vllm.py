@@ -66,7 +66,7 @@ class VllmServer(ServerProcess):
         speculative: vLLM's `--speculative-config` (e.g. `{"method": "eagle3", "model": DIR,
             "num_speculative_tokens": 3}`); None: plain decoding.
         max_model_len: context tokens (prompt + answer).
-        dtype: the compute dtype (`float32` on a CPU without native bf16).
+        dtype: the compute dtype (serve-check passes what `dtype: auto` measures here).
         served_name: the model name the server answers to.
         log_path: where the server's output goes.
         startup_timeout: seconds to wait for `/health` (a CPU start loads and warms up the model).
