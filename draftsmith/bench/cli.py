@@ -40,7 +40,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = "bash scripts/bench.sh"
     preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
                 "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
+    others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))
     out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble,
-                           Path("benchmarks/machine/verify_cost.json"))
+                           Path("benchmarks/machine/verify_cost.json"), others)
     print(f"wrote {out}")
     return 0

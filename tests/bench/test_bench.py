@@ -81,6 +81,16 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert (run / "eval_t0/eval.json").stat().st_mtime_ns == before
     assert json.loads((run / "train/eagle1/attempts.json").read_text()).__len__() == 1
 
+    # an earlier machine's verify-cost curve (benchmarks/machine-*/) closes the report
+    earlier = tmp_path / "benchmarks" / "machine-earlier"
+    earlier.mkdir()
+    (earlier / "verify_cost.json").write_bytes(
+        (ROOT / "benchmarks/machine-amd-epyc-avx2/verify_cost.json").read_bytes())
+    assert main(["bench", "--config", str(config), "--stages", "none"]) == 0
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Verify cost on another machine: AMD EPYC (avx2, fma; no native bf16)" in md
+    assert "| EAGLE-2 |" in md  # the report-only run still has every table
+
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"kinds": {"eagle1": {"recipe": "no/such.yaml"}}}, "no/such.yaml, which does not exist"),
