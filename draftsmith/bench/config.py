@@ -46,20 +46,28 @@ class EvalSection:
     check_lossless: bool = False  # the greedy run also gates every method on plain's output
     datastore: bool = False  # REST reads the data step's datastore (data.datastore)
     # extra greedy runs, each in its own folder: name -> {methods: [...], batch_sizes: [...],
-    # target_quant: [...]} (the batch-size curve; the quantized-target rows)
+    # target_quant: [...]} (the batch-size curve; the quantized-target rows), or {methods: [...],
+    # check_lossless: true, limit: N, max_new_tokens: N} (the float32 lossless gate, so the main
+    # run can time the machine's own dtype)
     passes: dict = field(default_factory=dict)
 
     def __post_init__(self):
         """Checked when the file is read, not hours later when the evaluation starts."""
         from draftsmith.data.prompts import SOURCES
 
-        allowed = {"methods", "batch_sizes", "target_quant"}
+        allowed = {"methods", "batch_sizes", "target_quant", "check_lossless", "limit",
+                   "max_new_tokens"}
         if not isinstance(self.passes, dict) or not all(
                 isinstance(v, dict) and isinstance(v.get("methods"), list) and set(v) <= allowed
+                and isinstance(v.get("check_lossless", False), bool)
+                and all(isinstance(v.get(k, 1), int) and not isinstance(v.get(k, 1), bool)
+                        and v.get(k, 1) >= 1 for k in ("limit", "max_new_tokens"))
                 for v in self.passes.values()):
             raise DraftsmithError(f"eval.passes = {self.passes!r}: map a name to {{methods: [...], "
-                                  "batch_sizes: [1, 2, 4, 8]}} or {methods: [...], target_quant: "
-                                  "[none, int8]}")
+                                  "batch_sizes: [1, 2, 4, 8]}}, {methods: [...], target_quant: "
+                                  "[none, int8]} or {methods: [...], check_lossless: true, "
+                                  "limit: 3, max_new_tokens: 32} (limit and max_new_tokens: "
+                                  "integers >= 1)")
 
         unknown = [name for name in self.bench if name not in SOURCES] if isinstance(
             self.bench, list) else [self.bench]

@@ -190,13 +190,17 @@ def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
     """One of `eval.passes` (greedy), e.g. the batch-size curve or the quantized target."""
     spec = config.eval.passes[name]
     extra = {k: tuple(spec[k]) for k in ("batch_sizes", "target_quant") if k in spec}
+    extra.update({k: spec[k] for k in ("limit", "max_new_tokens") if k in spec})
+    if spec.get("check_lossless"):  # a gate, not a timing: trees as configured, not autotuned
+        extra.update(check_lossless=True, autotune_tree=False)
     return _run_eval(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,
                      temperature=0.0, **extra)
 
 
 def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
               temperature: float, **fields) -> dict:
-    """One evaluation run into `out` (skipped when its eval.json exists)."""
+    """One evaluation run into `out` (skipped when its eval.json exists); `fields` override the
+    eval section's settings (limit, max_new_tokens, autotune_tree, ...)."""
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
 
@@ -208,14 +212,15 @@ def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
     used = {split_method(m)[1] for m in methods}
     tree = {f"tree_{key}": value for key, value in ev.tree.items()}
     datastore = Path(config.out_dir) / "data" / "datastore"
+    settings = {"limit": ev.limit, "max_new_tokens": ev.max_new_tokens,
+                "autotune_tree": ev.autotune_tree, **fields}
     eval_config = build_eval_config(
         temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
-        lookup_tokens=ev.lookup_tokens, **tree, autotune_tree=ev.autotune_tree,
+        lookup_tokens=ev.lookup_tokens, **tree,
         datastore=str(datastore) if ev.datastore else None,
         target=config.target, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
-        bench=tuple(ev.bench), limit=ev.limit, max_new_tokens=ev.max_new_tokens,
-        methods=("plain", *methods), out_dir=str(out), **fields)
+        bench=tuple(ev.bench), methods=("plain", *methods), out_dir=str(out), **settings)
     return run_eval(eval_config, log=log)
 
 

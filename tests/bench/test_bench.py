@@ -42,7 +42,9 @@ def write_configs(tmp_path: Path, **bench_overrides) -> Path:
                  "tree": {"topk": 2, "depth": 2, "total_tokens": 3},
                  "methods": {"prompt_lookup": "prompt lookup",
                              "drafter_static@eagle1": "EAGLE-1",
-                             "drafter_dynamic@eagle1": "EAGLE-2"}},
+                             "drafter_dynamic@eagle1": "EAGLE-2"},
+                 "passes": {"lossless": {"methods": ["prompt_lookup", "drafter_dynamic@eagle1"],
+                                         "check_lossless": True, "max_new_tokens": 6}}},
         "bars": {"drafter_dynamic@eagle1": 2.6}, "speedup_bar": 1.6,
         "expected_order": ["drafter_dynamic@eagle1", "drafter_static@eagle1"], **bench_overrides}
     path = tmp_path / "bench.yaml"
@@ -71,6 +73,10 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert "missed" in md and "misses 2.6 by" in md
     assert "### Training: 0.001 wall-clock minutes per drafter" in md
     assert "Literature order: EAGLE-2 > EAGLE-1. Measured:" in md
+    assert "### Lossless gate (`lossless` run, greedy, float32): 1 prompt(s) per set of gsm8k" in md
+    assert "2 methods reproduced plain greedy decoding token for token in float32." in md
+    gate = json.loads((run / "eval_lossless/eval.json").read_text())
+    assert gate["config"]["max_new_tokens"] == 6 and gate["config"]["dtype"] == "float32"
     for name in ("speedup", "acceptance", "training"):
         assert (tmp_path / "benchmarks" / NAME / f"{name}.png").stat().st_size > 0
     assert (tmp_path / "benchmarks" / NAME / "eval_t0.json").is_file()
@@ -188,3 +194,29 @@ def test_a_pass_without_a_quantized_copy_gets_no_quantized_section(tmp_path):
 
     bench = {"passes": {"batch": {"target_variants": {"none": {}}}}}
     assert passes_section(bench, tmp_path) == []
+
+
+def test_a_lossless_pass_gets_its_gate_section(tmp_path):
+    from draftsmith.bench.report_sections import passes_section
+
+    check = {"greedy": True, "dtype_exact": True, "failures": [],
+             "checked": ["prompt_lookup", "drafter_chain@eagle3"]}
+    bench = {"passes": {"lossless": {"lossless_check": check,
+                                     "config": {"limit": 3, "max_new_tokens": 32},
+                                     "summary": {"mt_bench": {}, "gsm8k": {}, "all": {}}}}}
+    text = "\n".join(passes_section(bench, tmp_path))
+    assert "### Lossless gate (`lossless` run, greedy, float32): 3 prompt(s) per set of " \
+           "mt_bench, gsm8k (MT-bench: both turns), 32 new tokens per turn" in text
+    assert "2 methods reproduced plain greedy decoding token for token in float32." in text
+
+
+@pytest.mark.parametrize("spec", [
+    {"methods": ["prompt_lookup"], "check_lossless": "yes"},
+    {"methods": ["prompt_lookup"], "check_lossless": True, "limit": 0},
+    {"methods": ["prompt_lookup"], "max_new_tokens": True},
+])
+def test_bad_lossless_passes_are_clear_errors(tmp_path, spec):
+    config = write_configs(tmp_path, eval={"methods": {"prompt_lookup": "prompt lookup"},
+                                           "passes": {"lossless": spec}})
+    with pytest.raises(DraftsmithError, match="check_lossless: true, limit: 3"):
+        load_bench_config(config)
