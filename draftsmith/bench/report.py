@@ -359,9 +359,12 @@ def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this 
             f"{payload['target']} on {payload['hardware']}, {payload['date']}: one target forward "
             f"of n new tokens after {payload['context_len']} cached ones, minimum of "
             f"{payload['repeats']} timings (`draftsmith machine --out {machine_path.parent}`). "
-            "Speculation pays only where n tokens cost little more than one. \"few-row\" is the "
-            "linear form draftsmith adopts where its probe measures it faster (per weight shape: "
-            f"{payload['few_row_limits']}).", "", format_curve(payload), "",
+            "Speculation pays only where n tokens cost little more than one. " + (
+                "\"few-row\" is the linear form draftsmith adopts where its probe measures it "
+                f"faster (per weight shape: {payload['few_row_limits']})."
+                if payload["few_row_limits"] else "(The few-row linear form is for float32 CPU "
+                "linears; in this dtype torch's own linear runs, minimum over every timing.)"),
+            "", format_curve(payload), "",
             *([f"![verify cost]({plot})", ""] if plot.is_file() else [])]
 
 

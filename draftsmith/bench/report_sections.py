@@ -50,25 +50,27 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
 
     lines = []
     for name, result in (bench.get("passes") or {}).items():
+        cfg = result.get("config") or {}
+        size = (f"{cfg.get('limit')} prompt(s) per set, {cfg.get('max_new_tokens')} new tokens "
+                "per turn")
         if result.get("batch_sizes"):
             plot = write_batch_plot(result["batch_sizes"], folder)
             skipped = result.get("batch_skipped") or {}
-            lines += [f"### Batch sizes (`{name}` run, greedy): speedup over plain decoding at the "
-                      "same batch size", "", "```", format_batch_table(result["batch_sizes"]),
+            lines += [f"### Batch sizes (`{name}` run, greedy, {size}): speedup over plain "
+                      "decoding at the same batch size", "", "```", format_batch_table(result["batch_sizes"]),
                       "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
                                    if skipped else []),
                       *lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
         check = result.get("lossless_check") or {}
         if check and not result.get("batch_sizes"):
-            cfg = result.get("config") or {}
             sets = [s for s in result.get("summary") or {} if s != "all"]
             lines += [f"### Lossless gate (`{name}` run, greedy, float32): {cfg.get('limit')} "
                       f"prompt(s) per set of {', '.join(sets)} (MT-bench: both turns), "
                       f"{cfg.get('max_new_tokens')} new tokens per turn", "",
                       *lossless_line(check), ""]
         if len(result.get("target_variants") or {}) > 1:  # a quantized copy beside `none`
-            lines += [f"### Quantized target (`{name}` run, greedy): the same drafters verified "
-                      "by a quantized copy of the target", "", "```",
+            lines += [f"### Quantized target (`{name}` run, greedy, {size}): the same drafters "
+                      "verified by a quantized copy of the target", "", "```",
                       format_variant_table(result["target_variants"]), "```", ""]
     return lines
 

@@ -114,6 +114,18 @@ def _few_row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
+def _float32_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    # a quantized weight (torchao's tensor subclasses) reports float32 but has no plain `mm`
+    return [m for m in model.modules() if type(m) is torch.nn.Linear
+            and type(m.weight) is torch.nn.Parameter
+            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+
+
+def has_float32_linears(model: torch.nn.Module) -> bool:
+    """Whether the few-row form can apply to `model` at all (float32 CPU linears)."""
+    return bool(_float32_linears(model))
+
+
 def install_few_row_linear(model: torch.nn.Module, max_rows: int | None = None) -> int:
     """Let the model's float32 CPU linears take the skinny form for the row counts where it wins.
 
@@ -125,10 +137,7 @@ def install_few_row_linear(model: torch.nn.Module, max_rows: int | None = None) 
     Returns:
         The number of linears that take the skinny form for some row count.
     """
-    # a quantized weight (torchao's tensor subclasses) reports float32 but has no plain `mm`
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear
-               and type(m.weight) is torch.nn.Parameter
-               and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    linears = _float32_linears(model)
     if not linears:
         return 0
     limits = (probe_shapes({tuple(m.weight.shape) for m in linears}) if max_rows is None

@@ -12,7 +12,11 @@ import datetime
 from pathlib import Path
 
 from draftsmith.eval.autotune import measure_verify_cost
-from draftsmith.eval.few_row_linear import few_row_limits, install_few_row_linear
+from draftsmith.eval.few_row_linear import (
+    few_row_limits,
+    has_float32_linears,
+    install_few_row_linear,
+)
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.precision import describe_hardware, hardware_record
 
@@ -29,9 +33,11 @@ def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
         `repeats` timings, the two forms measured in alternation.
     """
     model = target.model
-    curves: dict[str, dict[int, float]] = {"default": {}, "few_row": {}}
+    forms = (("default", 0), ("few_row", None)) if has_float32_linears(model) else \
+        (("default", 0),)  # the skinny form exists for float32 CPU linears only
+    curves: dict[str, dict[int, float]] = {name: {} for name, _ in forms}
     for _ in range(rounds):  # alternate the two forms so that drift of a busy machine hits both
-        for name, limit in (("default", 0), ("few_row", None)):
+        for name, limit in forms:
             install_few_row_linear(model, max_rows=limit)
             runner = CausalLMRunner(model, few_row_linear=False)
             costs = measure_verify_cost(runner, list(sizes), context_len, repeats, reduce=min)
@@ -51,8 +57,23 @@ def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
     }
 
 
+def single_curve(payload: dict) -> dict[int, float] | None:
+    """The one curve of a machine where the few-row form does not apply (no float32 linears, so
+    both recorded forms, if any, ran the same code): the minimum over them per size."""
+    if payload.get("few_row_limits"):
+        return None
+    curves = list(payload["curves"].values())
+    return {n: min(c[n] for c in curves if n in c) for n in curves[0]}
+
+
 def format_curve(payload: dict) -> str:
-    """A markdown table: n, ms and ratio to one token, default and few-row."""
+    """A markdown table: n, ms and ratio to one token, default and few-row (one column pair
+    where the few-row form does not apply)."""
+    single = single_curve(payload)
+    if single is not None:
+        one = single[min(single)]
+        return "\n".join(["| new tokens | ms | / 1 token |", "|---|---|---|",
+                          *[f"| {n} | {ms:.1f} | {ms / one:.2f}x |" for n, ms in single.items()]])
     default, few = payload["curves"]["default"], payload["curves"]["few_row"]
     rows = ["| new tokens | default ms | default / 1 token | few-row ms | few-row / 1 token |",
             "|---|---|---|---|---|"]
@@ -70,8 +91,12 @@ def plot_curve(payload: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, label in (("default", "torch default"), ("few_row", "few-row linear (adopted)")):
-        curve = payload["curves"][name]
+    single = single_curve(payload)
+    forms = [(single, "torch default")] if single is not None else \
+        [(payload["curves"][name], label) for name, label in
+         (("default", "torch default"), ("few_row", "few-row linear (adopted)"))]
+    for curve, label in forms:
+        curve = {int(n): v for n, v in curve.items()}
         sizes = sorted(int(n) for n in curve)
         ax.plot(sizes, [curve[n] / curve[1] for n in sizes], marker="o", label=label)
     ax.set_xlabel("new tokens in one target forward")
