@@ -11,6 +11,8 @@ import shutil
 import statistics
 from pathlib import Path
 
+import yaml
+
 from draftsmith.bench.report_sections import (
     engine_section,
     lossless_line,
@@ -92,13 +94,25 @@ def _eval_table(bench: dict, temperature: str) -> list[str]:
     return lines
 
 
+def shared_head(record: dict) -> bool:
+    """Whether a Medusa drafter's heads used the target's own output layer (`shared_head`), from
+    its budget record or, for older records, the recipe it trained with."""
+    if "shared_head" in record:
+        return bool(record["shared_head"])
+    recipe = Path(record.get("recipe") or "")
+    if record.get("kind") != "medusa" or not recipe.is_file():
+        return False
+    return bool((yaml.safe_load(recipe.read_text()).get("drafter") or {}).get("shared_head"))
+
+
 def _training_table(bench: dict) -> list[str]:
     lines = ["| drafter | kind | trained params | features | steps | batch | s/step | tokens/s "
              "| train minutes | held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 13]
     for label, rec in bench["training"].items():
         held = rec.get("held_out", {})
         lines.append("| " + " | ".join([
-            label, rec["kind"] + (" + LoRA" if rec.get("lora") else ""),
+            label, rec["kind"] + (" + LoRA" if rec.get("lora") else "")
+            + (" (heads share the target's frozen output layer)" if shared_head(rec) else ""),
             _fmt((rec.get("trainable_params") or 0) / 1e6, ".1f") + "M", rec["features"],
             str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
             _fmt(rec.get("tokens_per_second"), ".0f"), _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),

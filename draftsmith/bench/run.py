@@ -168,6 +168,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
         "features": raw["train"].get("features", "online"),
         "lora": bool(raw["drafter"].get("lora")),
+        "shared_head": bool(raw["drafter"].get("shared_head")),
         "trainable_params": trainable_params(folder / "drafter", raw["drafter"]["kind"]),
         "held_out": {k[5:]: v for k, v in (final[-1] if final else {}).items()
                      if k.startswith("eval/")},

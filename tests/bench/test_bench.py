@@ -220,3 +220,14 @@ def test_bad_lossless_passes_are_clear_errors(tmp_path, spec):
                                            "passes": {"lossless": spec}})
     with pytest.raises(DraftsmithError, match="check_lossless: true, limit: 3"):
         load_bench_config(config)
+
+
+def test_the_training_table_says_when_medusa_heads_share_the_target_head(tmp_path):
+    from draftsmith.bench.report import shared_head
+
+    recipe = tmp_path / "medusa1.yaml"
+    recipe.write_text(yaml.safe_dump({"drafter": {"kind": "medusa", "shared_head": True}}))
+    assert shared_head({"kind": "medusa", "recipe": str(recipe)})  # an older record: its recipe
+    assert not shared_head({"kind": "medusa", "shared_head": False, "recipe": str(recipe)})
+    assert not shared_head({"kind": "eagle3", "recipe": str(recipe)})
+    assert not shared_head({"kind": "medusa", "recipe": str(tmp_path / "gone.yaml")})
