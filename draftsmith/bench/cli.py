@@ -24,7 +24,7 @@ def add_bench_parser(verbs) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from draftsmith.bench.config import load_bench_config
-    from draftsmith.bench.report import write_benchmarks
+    from draftsmith.bench.report import earlier_benches, write_benchmarks
     from draftsmith.bench.run import run_bench
     from draftsmith.errors import DraftsmithError
 
@@ -40,6 +40,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = "bash scripts/bench.sh"
     preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
                 "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
+    benches += earlier_benches({config.target for config in configs})
     others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))
     out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble,
                            Path("benchmarks/machine/verify_cost.json"), others)

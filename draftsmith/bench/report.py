@@ -382,10 +382,28 @@ def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this 
             *([f"![verify cost]({plot})", ""] if plot.is_file() else [])]
 
 
-def write_benchmarks(benches: list[tuple[dict, Path]], path: Path, overhead_path: Path,
+KEPT_NOTE = ("*Kept from an earlier run* of the benchmark (its machine, date and commit are in "
+             "the line above; this run did not measure this target): rerun it with `draftsmith "
+             "bench --config {config}`.")
+
+
+def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:
+    """The committed results (`benchmarks/TARGET/bench.json`) of targets this run did not
+    measure, so that BENCHMARKS.md keeps every target when one is benchmarked on its own."""
+    kept = []
+    for path in sorted(root.glob("*/bench.json")):
+        bench = json.loads(path.read_text())
+        if bench.get("config", {}).get("target") not in measured and path.parent.name == \
+                bench["config"]["target"]:
+            kept.append((bench, None))
+    return kept
+
+
+def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhead_path: Path,
                      preamble: list[str], machine_path: Path | None = None,
                      other_machines: tuple[Path, ...] = ()) -> Path:
-    """BENCHMARKS.md from (bench.json payload, its run folder) pairs; the verify-cost curve of the
+    """BENCHMARKS.md from (bench.json payload, its run folder or None for results kept from an
+    earlier run) pairs; the verify-cost curve of the
     machine they ran on heads it, and those of `other_machines` (earlier machines' curves, kept
     for comparison) close it."""
     overhead = json.loads(overhead_path.read_text()) if overhead_path.is_file() else None
@@ -400,7 +418,14 @@ def write_benchmarks(benches: list[tuple[dict, Path]], path: Path, overhead_path
         lines += verify_cost_section(machine_path)
     for bench, run_dir in benches:
         folder = Path("benchmarks") / bench["config"]["target"]
+        if run_dir is None:  # kept from an earlier run: its files are already in `folder`
+            section = target_section(bench, folder, overhead)
+            note = KEPT_NOTE.format(config=bench["config"].get("path", "its config"))
+            lines += [*section[:4], note, "", *section[4:]]  # after the heading and the line
+            continue                                       # naming machine, date and commit
         write_plots(bench, folder)
+        for old in folder.glob("eval_t*.json"):  # a temperature this run did not measure
+            old.unlink()
         for t in bench["eval"]:
             src = run_dir / f"eval_t{t}" / "eval.json"
             if src.is_file():

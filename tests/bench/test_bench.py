@@ -231,3 +231,22 @@ def test_the_training_table_says_when_medusa_heads_share_the_target_head(tmp_pat
     assert not shared_head({"kind": "medusa", "shared_head": False, "recipe": str(recipe)})
     assert not shared_head({"kind": "eagle3", "recipe": str(recipe)})
     assert not shared_head({"kind": "medusa", "recipe": str(tmp_path / "gone.yaml")})
+
+
+def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path, monkeypatch):
+    from draftsmith.bench.report import earlier_benches, write_benchmarks
+
+    name = "qwen2.5-coder-1.5b-instruct"
+    (tmp_path / "benchmarks" / name).mkdir(parents=True)
+    (tmp_path / "benchmarks" / name / "bench.json").write_bytes(
+        (ROOT / "benchmarks" / name / "bench.json").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert earlier_benches({name}) == []  # measured now: its own run's results are used
+    kept = earlier_benches({NAME})
+    assert [b["config"]["target"] for b, run_dir in kept] == [name] and kept[0][1] is None
+    write_benchmarks(kept, tmp_path / "B.md", tmp_path / "none.json", [])
+    lines = (tmp_path / "B.md").read_text().splitlines()
+    at = lines.index(f"## {name}")
+    assert lines[at + 2].startswith("Measured on ") and lines[at + 4].startswith("*Kept from an "
+                                                                                 "earlier run*")
+    assert "### Training" in "\n".join(lines[at:])
