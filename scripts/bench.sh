@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The benchmark behind BENCHMARKS.md: for each target, one shared data preparation, every drafter
 # kind trained for the same wall-clock budget, then every method (trained drafters, prompt lookup,
-# the classic draft model) side by side at temperature 0 and 1; BENCHMARKS.md and the plots under
-# benchmarks/ are regenerated from the results. Resumable: run it again and finished stages are
-# skipped, and an interrupted training resumes from its last checkpoint. On 2 CPU cores the
-# whole run takes several sittings (the data step alone ~2 h for SmolLM2's 2,000 answers).
+# the classic draft model) side by side at each configured temperature; BENCHMARKS.md and the plots
+# under benchmarks/ are regenerated from the results, keeping the committed results of a target
+# not run this time. Resumable: run it again and finished stages are skipped, and an interrupted
+# training resumes from its last checkpoint. On 2 CPU cores SmolLM2 takes about 2 hours and
+# Qwen2.5-Coder-1.5B about 1 more: one target per sitting, e.g.
+#   bash scripts/bench.sh recipes/bench/qwen2.5-coder-1.5b.yaml
 # Usage: bash scripts/bench.sh [recipes/bench/X.yaml ...]   (default: both targets)
 set -euo pipefail
 cd "$(dirname "$0")/.."
