@@ -202,12 +202,30 @@ def test_a_lossless_pass_gets_its_gate_section(tmp_path):
     check = {"greedy": True, "dtype_exact": True, "failures": [],
              "checked": ["prompt_lookup", "drafter_chain@eagle3"]}
     bench = {"passes": {"lossless": {"lossless_check": check,
-                                     "config": {"limit": 3, "max_new_tokens": 32},
+                                     "config": {"limit": 3, "max_new_tokens": 32,
+                                                "check_lossless": True},
                                      "summary": {"mt_bench": {}, "gsm8k": {}, "all": {}}}}}
     text = "\n".join(passes_section(bench, tmp_path))
     assert "### Lossless gate (`lossless` run, greedy, float32): 3 prompt(s) per set of " \
            "mt_bench, gsm8k (MT-bench: both turns), 32 new tokens per turn" in text
     assert "2 methods reproduced plain greedy decoding token for token in float32." in text
+    bench["passes"]["lossless"]["config"]["check_lossless"] = False  # no gate asked: no section
+    assert passes_section(bench, tmp_path) == []
+
+
+def test_the_quantized_rows_say_how_far_they_followed_the_copys_own_decoding():
+    from draftsmith.bench.report_sections import variant_divergence
+
+    check = {"checked": ["prompt_lookup", "prompt_lookup (int8 target)"],
+             "failures": [{"method": "prompt_lookup (int8 target)", "set": "mt_bench", "item": 81,
+                           "index": 1}]}
+    (line,) = variant_divergence(check)
+    assert "prompt_lookup (int8 target) first left it on mt_bench/81 at new token 1" in line
+    assert "one scale over all of its rows" in line
+    check["failures"] = []
+    assert variant_divergence(check) == ["All 1 methods over the quantized copies reproduced that "
+                                         "copy's own plain greedy decoding token for token."]
+    assert variant_divergence({"checked": ["prompt_lookup"], "failures": []}) == []
 
 
 @pytest.mark.parametrize("spec", [
