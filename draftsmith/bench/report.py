@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.bench.engine_stage import engine_folder
 from draftsmith.bench.report_sections import (
     engine_section,
     lossless_line,
@@ -424,12 +425,16 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
             lines += [*section[:4], note, "", *section[4:]]  # after the heading and the line
             continue                                       # naming machine, date and commit
         write_plots(bench, folder)
-        for old in folder.glob("eval_t*.json"):  # a temperature this run did not measure
-            old.unlink()
-        for t in bench["eval"]:
-            src = run_dir / f"eval_t{t}" / "eval.json"
+        for old in [*folder.glob("eval_*.json"), *folder.glob("serve_check_*.json")]:
+            old.unlink()  # a temperature or pass this run did not measure
+        raw = {f"eval_t{t}.json": run_dir / f"eval_t{t}" / "eval.json" for t in bench["eval"]}
+        raw.update({f"eval_{name}.json": run_dir / f"eval_{name}" / "eval.json"
+                    for name in bench.get("passes") or {}})
+        raw.update({f"serve_check_{name}.json": engine_folder(run_dir, name) / "serve_check.json"
+                    for name in bench.get("engines") or {}})
+        for name, src in raw.items():
             if src.is_file():
-                shutil.copyfile(src, folder / f"eval_t{t}.json")
+                shutil.copyfile(src, folder / name)
         (folder / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
         lines += target_section(bench, folder, overhead)
     for other in other_machines:

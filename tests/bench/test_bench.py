@@ -80,6 +80,7 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     for name in ("speedup", "acceptance", "training"):
         assert (tmp_path / "benchmarks" / NAME / f"{name}.png").stat().st_size > 0
     assert (tmp_path / "benchmarks" / NAME / "eval_t0.json").is_file()
+    assert (tmp_path / "benchmarks" / NAME / "eval_lossless.json").is_file()  # each pass's raw run
 
     # a second run resumes: nothing is trained or evaluated again
     before = (run / "eval_t0/eval.json").stat().st_mtime_ns
