@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from pathlib import Path
 
 import yaml
 
 from draftsmith.bench.engine_stage import engine_folder
+from draftsmith.bench.report_plots import write_plots
 from draftsmith.bench.report_sections import (
     engine_section,
     lossless_line,
@@ -21,37 +21,15 @@ from draftsmith.bench.report_sections import (
     regenerated_line,
 )
 from draftsmith.bench.report_sections import fmt as _fmt
+from draftsmith.bench.report_stats import (
+    SETS_ORDER,
+    depth_rates,
+    draft_share,
+    method_names,
+    set_mean,
+    step_ms,
+)
 from draftsmith.eval.methods import split_method
-
-SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
-
-
-def set_mean(summary: dict, method: str, key: str) -> float | None:
-    """Mean of a metric over the prompt sets (not the pooled `all` row)."""
-    values = [rows[method][key] for name, rows in summary.items()
-              if name != "all" and method in rows and rows[method].get(key) is not None]
-    return statistics.fmean(values) if values else None
-
-
-def depth_rates(summary: dict, method: str, depths: int = 3) -> list[float | None]:
-    rates = (summary.get("all", {}).get(method, {}).get("acceptance_by_depth") or [])[:depths]
-    return rates + [None] * (depths - len(rates))
-
-
-def draft_share(summary: dict, method: str) -> float | None:
-    """Share of decode time spent drafting (all sets pooled)."""
-    split = summary.get("all", {}).get(method, {}).get("time_split") or {}
-    return split.get("draft")
-
-
-def step_ms(row: dict) -> float:
-    """Milliseconds per decode round (one target forward), prefill excluded."""
-    rounds = row["new_tokens"] / max(row.get("tau") or 1.0, 1e-9)
-    return 1e3 * row["seconds"] * (1 - row["time_split"]["prefill"]) / max(rounds, 1e-9)
-
-
-def _names(bench: dict) -> dict:
-    return {"plain": "plain decoding", **bench["config"]["eval"]["methods"]}
 
 
 def _trees(bench: dict) -> str:
@@ -59,7 +37,7 @@ def _trees(bench: dict) -> str:
     cfg = bench["config"]["eval"]
     if not cfg.get("autotune_tree"):
         return f"Dynamic trees: {cfg['tree']}."
-    names = _names(bench)
+    names = method_names(bench)
     chosen = {}
     for t, payload in bench["eval"].items():
         for method, b in (payload.get("tree_budgets") or {}).items():
@@ -80,7 +58,7 @@ def _eval_table(bench: dict, temperature: str) -> list[str]:
             + " | ".join(f"speedup {s}" for s in sets)
             + " | draft time |" + (" identical to plain |" if greedy else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    names = _names(bench)
+    names = method_names(bench)
     for method in summary["all"]:
         acc = depth_rates(summary, method)
         cells = [names.get(method, method), _fmt(set_mean(summary, method, "tau")),
@@ -127,7 +105,7 @@ def _bars(bench: dict) -> tuple[list[str], list[str]]:
     summary = bench["eval"].get("0", {}).get("summary")
     if summary is None:
         return ["(no greedy evaluation yet)"], []
-    names = _names(bench)
+    names = method_names(bench)
     lines = ["| bar | required | measured | |", "|---|---|---|---|"]
     missed = []
     for method, need in (cfg.get("bars") or {}).items():
@@ -166,7 +144,7 @@ def _ordering(bench: dict) -> list[str]:
     summary = bench["eval"].get("0", {}).get("summary")
     if not order or not summary:
         return []
-    names = _names(bench)
+    names = method_names(bench)
     tau = {m: set_mean(summary, m, "tau") for m in order if m in summary["all"]}
     measured = sorted(tau, key=lambda m: -(tau[m] or 0))
     lines = ["Literature order: " + " > ".join(names.get(m, m) for m in order) + ". Measured: "
@@ -207,7 +185,7 @@ def _ordering(bench: dict) -> list[str]:
 def _limits(bench: dict, overhead: dict | None) -> list[str]:
     """What the measurements say limits each drafter: training curve, drafting cost, loop."""
     summary = bench["eval"].get("0", {}).get("summary")
-    names = _names(bench)
+    names = method_names(bench)
     lines = []
     for label, curve in bench.get("curves", {}).items():
         points = [(r["step"], r.get("eval/acc_0")) for r in curve if r.get("eval/acc_0") is not None]
@@ -242,70 +220,6 @@ def _limits(bench: dict, overhead: dict | None) -> list[str]:
                      "target and drafter forwards alone, so Python, masks and cache bookkeeping "
                      "cost under 1% of the decode time.")
     return lines
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_plots(bench: dict, folder: Path) -> list[Path]:
-    """speedup.png (per method, each temperature), acceptance.png (greedy, per depth) and
-    training.png (held-out acc@1 against training minutes per drafter)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    names = _names(bench)
-    paths = []
-    temps = list(bench["eval"])
-    if temps:
-        methods = list(bench["eval"][temps[0]]["summary"]["all"])
-        fig, ax = plt.subplots(figsize=(9, 4))
-        width = 0.8 / len(temps)
-        for i, t in enumerate(temps):
-            summary = bench["eval"][t]["summary"]
-            ax.bar([x + i * width for x in range(len(methods))],
-                   [set_mean(summary, m, "speedup") or 0 for m in methods], width,
-                   label=f"temperature {t}")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks([x + width * (len(temps) - 1) / 2 for x in range(len(methods))],
-                      [names.get(m, m) for m in methods], rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel="speedup over plain (mean over sets)", title=bench["config"]["target"])
-        ax.legend()
-        paths.append(_save(fig, folder / "speedup.png"))
-
-        summary = bench["eval"][temps[0]]["summary"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for m in methods:
-            rates = (summary["all"][m].get("acceptance_by_depth") or [])[:6]
-            if rates:
-                ax.plot(range(1, len(rates) + 1), rates, marker="o", label=names.get(m, m))
-        ax.set(xlabel="draft depth", ylabel="acceptance given the previous was accepted",
-               ylim=(0, 1.02), title=f"Acceptance per depth, temperature {temps[0]}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(_save(fig, folder / "acceptance.png"))
-    if bench.get("curves"):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for label, curve in bench["curves"].items():
-            rec = bench["training"][label]
-            points = [(r["step"] * rec["seconds_per_step"] / 60, r["eval/acc_0"])
-                      for r in curve if r.get("eval/acc_0") is not None]
-            if points:
-                ax.plot(*zip(*points, strict=False), marker="o", label=label)
-        ax.set(xlabel="training minutes (steps x calibrated s/step)",
-               ylabel="held-out acc@1 vs target", title="Training under the same budget")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        paths.append(_save(fig, folder / "training.png"))
-    return paths
 
 
 def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str]:

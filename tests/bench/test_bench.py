@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from draftsmith.bench.config import load_bench_config
-from draftsmith.bench.report import set_mean
+from draftsmith.bench.report_stats import set_mean
 from draftsmith.bench.run import kind_recipe, seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError

@@ -1,0 +1,72 @@
+"""BENCHMARKS.md's plots per target: speedup per method, acceptance per depth, held-out accuracy
+against training minutes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.bench.report_stats import method_names, set_mean
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(bench: dict, folder: Path) -> list[Path]:
+    """speedup.png (per method, each temperature), acceptance.png (greedy, per depth) and
+    training.png (held-out acc@1 against training minutes per drafter)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = method_names(bench)
+    paths = []
+    temps = list(bench["eval"])
+    if temps:
+        methods = list(bench["eval"][temps[0]]["summary"]["all"])
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(temps)
+        for i, t in enumerate(temps):
+            summary = bench["eval"][t]["summary"]
+            ax.bar([x + i * width for x in range(len(methods))],
+                   [set_mean(summary, m, "speedup") or 0 for m in methods], width,
+                   label=f"temperature {t}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + width * (len(temps) - 1) / 2 for x in range(len(methods))],
+                      [names.get(m, m) for m in methods], rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel="speedup over plain (mean over sets)", title=bench["config"]["target"])
+        ax.legend()
+        paths.append(_save(fig, folder / "speedup.png"))
+
+        summary = bench["eval"][temps[0]]["summary"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in methods:
+            rates = (summary["all"][m].get("acceptance_by_depth") or [])[:6]
+            if rates:
+                ax.plot(range(1, len(rates) + 1), rates, marker="o", label=names.get(m, m))
+        ax.set(xlabel="draft depth", ylabel="acceptance given the previous was accepted",
+               ylim=(0, 1.02), title=f"Acceptance per depth, temperature {temps[0]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(_save(fig, folder / "acceptance.png"))
+    if bench.get("curves"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, curve in bench["curves"].items():
+            rec = bench["training"][label]
+            points = [(r["step"] * rec["seconds_per_step"] / 60, r["eval/acc_0"])
+                      for r in curve if r.get("eval/acc_0") is not None]
+            if points:
+                ax.plot(*zip(*points, strict=False), marker="o", label=label)
+        ax.set(xlabel="training minutes (steps x calibrated s/step)",
+               ylabel="held-out acc@1 vs target", title="Training under the same budget")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, folder / "training.png"))
+    return paths

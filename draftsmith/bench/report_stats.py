@@ -1,0 +1,38 @@
+"""The numbers BENCHMARKS.md is made of, read from a bench.json payload: means over the prompt
+sets (each set weighted equally, as the bars are stated), acceptance per depth, drafting share,
+time per decode round, display names."""
+
+from __future__ import annotations
+
+import statistics
+
+SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
+
+
+def set_mean(summary: dict, method: str, key: str) -> float | None:
+    """Mean of a metric over the prompt sets (not the pooled `all` row)."""
+    values = [rows[method][key] for name, rows in summary.items()
+              if name != "all" and method in rows and rows[method].get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def depth_rates(summary: dict, method: str, depths: int = 3) -> list[float | None]:
+    rates = (summary.get("all", {}).get(method, {}).get("acceptance_by_depth") or [])[:depths]
+    return rates + [None] * (depths - len(rates))
+
+
+def draft_share(summary: dict, method: str) -> float | None:
+    """Share of decode time spent drafting (all sets pooled)."""
+    split = summary.get("all", {}).get(method, {}).get("time_split") or {}
+    return split.get("draft")
+
+
+def step_ms(row: dict) -> float:
+    """Milliseconds per decode round (one target forward), prefill excluded."""
+    rounds = row["new_tokens"] / max(row.get("tau") or 1.0, 1e-9)
+    return 1e3 * row["seconds"] * (1 - row["time_split"]["prefill"]) / max(rounds, 1e-9)
+
+
+def method_names(bench: dict) -> dict:
+    """Each method's display name (the config's, plain decoding's own)."""
+    return {"plain": "plain decoding", **bench["config"]["eval"]["methods"]}
