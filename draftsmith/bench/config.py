@@ -29,6 +29,21 @@ class KindEntry:
     train: dict = field(default_factory=dict)
 
 
+PASS_KEYS = {"methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens"}
+
+
+def _valid_pass(spec) -> bool:
+    """One `eval.passes` entry: known keys, a method list, a bool gate, counts >= 1."""
+    def count(key):
+        value = spec.get(key, 1)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    return (isinstance(spec, dict) and set(spec) <= PASS_KEYS
+            and isinstance(spec.get("methods"), list)
+            and isinstance(spec.get("check_lossless", False), bool)
+            and count("limit") and count("max_new_tokens"))
+
+
 @dataclass
 class EvalSection:
     """How the trained drafters and the baselines are evaluated (one run per temperature)."""
@@ -55,14 +70,7 @@ class EvalSection:
         """Checked when the file is read, not hours later when the evaluation starts."""
         from draftsmith.data.prompts import SOURCES
 
-        allowed = {"methods", "batch_sizes", "target_quant", "check_lossless", "limit",
-                   "max_new_tokens"}
-        if not isinstance(self.passes, dict) or not all(
-                isinstance(v, dict) and isinstance(v.get("methods"), list) and set(v) <= allowed
-                and isinstance(v.get("check_lossless", False), bool)
-                and all(isinstance(v.get(k, 1), int) and not isinstance(v.get(k, 1), bool)
-                        and v.get(k, 1) >= 1 for k in ("limit", "max_new_tokens"))
-                for v in self.passes.values()):
+        if not isinstance(self.passes, dict) or not all(map(_valid_pass, self.passes.values())):
             raise DraftsmithError(f"eval.passes = {self.passes!r}: map a name to {{methods: [...], "
                                   "batch_sizes: [1, 2, 4, 8]}}, {methods: [...], target_quant: "
                                   "[none, int8]} or {methods: [...], check_lossless: true, "

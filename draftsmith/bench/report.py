@@ -276,7 +276,8 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
 
 def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this machine"
                         ) -> list[str]:
-    """The verify-cost curve of a machine (`draftsmith machine`), when it was measured."""
+    """The verify-cost curve of a machine (`draftsmith machine`), when it was measured; `heading`
+    may name `{hardware}`."""
     from draftsmith.eval.verify_cost import format_curve
 
     if not machine_path.is_file():
@@ -284,7 +285,7 @@ def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this 
     payload = json.loads(machine_path.read_text())
     payload["curves"] = {k: {int(n): v for n, v in c.items()} for k, c in payload["curves"].items()}
     plot = machine_path.with_name("verify_cost.png")
-    return [f"## {heading}", "",
+    return [f"## {heading.format(hardware=payload['hardware'])}", "",
             f"{payload['target']} on {payload['hardware']}, {payload['date']}: one target forward "
             f"of n new tokens after {payload['context_len']} cached ones, minimum of "
             f"{payload['repeats']} timings (`draftsmith machine --out {machine_path.parent}`). "
@@ -308,8 +309,8 @@ def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list
     kept = []
     for path in sorted(root.glob("*/bench.json")):
         bench = json.loads(path.read_text())
-        if bench.get("config", {}).get("target") not in measured and path.parent.name == \
-                bench["config"]["target"]:
+        target = bench.get("config", {}).get("target")
+        if target == path.parent.name and target not in measured:
             kept.append((bench, None))
     return kept
 
@@ -352,7 +353,6 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
         (folder / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
         lines += target_section(bench, folder, overhead)
     for other in other_machines:
-        hardware = json.loads(other.read_text())["hardware"] if other.is_file() else ""
-        lines += verify_cost_section(other, f"Verify cost on another machine: {hardware}")
+        lines += verify_cost_section(other, "Verify cost on another machine: {hardware}")
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path
