@@ -224,10 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "decoding and the chain methods decode batches of prompts at once, with "
                     "tokens/s and speedup per batch size (trees run at batch 1 only for now)")
     ev.add_argument("--target-quant", default="none",
-                    help="target variants, e.g. none,int8: every method also runs against an int8 "
-                    "copy of the target (CPU, float32 base) on the same prompts, each with "
-                    "speedup against its own plain decoding and the acceptance drop against the "
-                    "target as loaded; that copy's output is the int8 model's (default: none)")
+                    help="target variants, e.g. none,int8wo: every method also runs against an "
+                    "int8 copy of the target on the CPU, on the same prompts, each with speedup "
+                    "against its own plain decoding and the acceptance drop against the target as "
+                    "loaded; that copy's output is the int8 model's. int8wo: weight-only int8, "
+                    "activations in the target's dtype, exact over its own decoding; int8: "
+                    "torch's dynamic int8 (float32 base; a verify's rows share activation scales, "
+                    "so not exact) (default: none)")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)

@@ -1,34 +1,40 @@
 """Quantized copies of a loaded target, for speculation over a quantized target
-(`draftsmith eval --target-quant none,int8`).
+(`draftsmith eval --target-quant none,int8,int8wo`).
 
-`int8` is dynamic int8 quantization of the decoder's linear layers (attention and MLP
-projections) with torch's built-in `torch.ao.quantization.quantize_dynamic`: int8 weights with
-one symmetric scale per output channel, activations quantized per call, products through the
-fbgemm / x86 int8 kernels. It was picked by measurement on a 2-core AVX2 EPYC
-(scripts/bench_quantized_target.py, benchmarks/quantized_target/): there it is the one int8 form
-faster than float32 for SmolLM2-135M, at one token and in multi-token verification forwards,
-while torchao's eager int8 forms (weight-only, dynamic activations) were no faster or slower.
-The price is fidelity: on SmolLM2-135M its greedy choice agreed with float32's at only 38% of
-teacher-forced prompt positions (torchao weight-only: 96%), so the int8 target is a markedly
-different model and a drafter trained on the float one loses acceptance against it.
-torch marks `torch.ao.quantization` as deprecated in favour of torchao; it still ships in torch
-2.13, and if it goes the error below says so.
+`int8wo` is weight-only int8 (`WeightOnlyInt8Linear`): the decoder's linear layers hold int8
+weights with one symmetric scale per output channel, and each product runs through torch's
+`_weight_int8pack_mm` with the activations kept in the target's dtype. That kernel computes every
+row of its input on its own, so an n-token verify gives each row exactly what one-token decoding
+gives it (tests/eval/test_target_quant.py checks it kernel by kernel): speculation over this copy
+is as lossless with respect to it as over the float target (in float32 token for token; in bf16
+near-ties flip in attention and norms just as for a bf16 target). Measured on a 2-core Xeon with
+AMX: a (1 x 1536) @ (1536 x 8960) product 0.67 ms against 1.55 ms for the bf16 linear, 2.0 ms at
+5 rows against 1.5 ms, so it pays at one token and for small trees; with float32 activations the
+kernel is a slow path (10.6 ms at one row against 1.5 ms for float32), so on a CPU without native
+bf16 this copy is slower than its float32 target (the benchmark's rows say by how much).
 
-The output head stays float32: on tied-embedding targets (SmolLM2) it is the embedding matrix, a
-fifth of the weights, and it alone decides each token; the benchmark measures what quantizing it
-too would save and how often it changes the greedy choice.
+`int8` is dynamic int8 quantization of the decoder's linear layers with torch's built-in
+`torch.ao.quantization.quantize_dynamic`: int8 weights per output channel, activations quantized
+per call with one scale over all of the call's rows, products through the fbgemm / x86 int8
+kernels. It was picked by measurement on a 2-core AVX2 EPYC (scripts/bench_quantized_target.py,
+benchmarks/quantized_target/): there it is the one int8 form faster than float32 for SmolLM2-135M.
+Its price: on SmolLM2-135M its greedy choice agreed with float32's at only 38% of teacher-forced
+prompt positions (weight-only: 96%), and it is not exactly lossless even with respect to
+itself: the shared activation scale makes an n-token verify differ from one-token decoding (the
+benchmark measured the first divergence within 0-1 new tokens on most SmolLM2 prompts). torch
+marks `torch.ao.quantization` as deprecated in favour of torchao; if it goes the error below says
+so.
 
-The copy is a different model: speculation over it verifies with the quantized model, not the float
-one it was made from. And it is not exactly lossless even with respect to the quantized model:
-dynamic int8 quantizes each forward's activations with one scale over all of its rows, so an
-n-token verify is not bit-identical to one-token decoding. On a tiny random target the outputs
-still match (tests/eval/test_target_quant.py); on SmolLM2 the benchmark measured the first
-divergence within 0-1 new tokens on most prompts (BENCHMARKS.md, quantized run). A row-independent
-weight-only int8 would be exact; it is not built yet.
+The output head stays in the target's dtype: on tied-embedding targets (SmolLM2) it is the
+embedding matrix, a fifth of the weights, and it alone decides each token.
+
+Either copy is a different model: speculation over it verifies with the quantized model, not the
+float one it was made from, and the reports say so.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -40,7 +46,12 @@ QUANT_SCHEMES = {
     "none": "the target as loaded",
     "int8": "dynamic int8 linears (int8 weights per output channel, activations quantized per "
             "call; torch.ao.quantization.quantize_dynamic), output head kept float32",
+    "int8wo": "weight-only int8 linears (int8 weights per output channel, activations in the "
+              "target's dtype; torch _weight_int8pack_mm, row by row), output head kept as loaded",
 }
+# whether a scheme's n-token forward gives each row what one-token decoding gives it
+ROW_INDEPENDENT = {"none": True, "int8": False, "int8wo": True}
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ def parse_target_quant(value: str | tuple | list) -> tuple[str, ...]:
 
 
 def check_quantizable(model: torch.nn.Module, scheme: str) -> None:
-    """Refuse what the int8 kernels cannot run: weights off the CPU or not float32.
+    """Refuse what the int8 kernels cannot run: weights off the CPU, or not float32 for `int8`.
 
     Raises:
         DraftsmithError: naming the dtype or device and the flag that fixes it.
@@ -77,6 +88,8 @@ def check_quantizable(model: torch.nn.Module, scheme: str) -> None:
     if weight.device.type != "cpu":
         raise DraftsmithError(f"--target-quant {scheme} runs on the CPU (its int8 kernels are "
                               f"CPU kernels), the target is on {weight.device}; pass --device cpu")
+    if scheme == "int8wo" and weight.dtype in FLOAT_DTYPES:
+        return
     if weight.dtype != torch.float32:
         raise DraftsmithError(f"--target-quant {scheme} quantizes a float32 target, this one is "
                               f"{str(weight.dtype).removeprefix('torch.')}; pass --dtype float32")
@@ -86,7 +99,9 @@ def _weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's weights as stored: float parameters plus packed int8 linears."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for module in model.modules():
-        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+        if isinstance(module, WeightOnlyInt8Linear):
+            total += sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
+        elif isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
             weight = module.weight()
             scales, zeros = weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
             total += weight.numel() + scales.numel() * scales.element_size() \
@@ -94,12 +109,69 @@ def _weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+class WeightOnlyInt8Linear(torch.nn.Module):
+    """A linear layer with int8 weights (one symmetric scale per output channel) whose product runs
+    row by row in the input's dtype (`torch._weight_int8pack_mm`): row-independent, so verifying n
+    tokens at once gives each what one-token decoding gives it."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("qweight", torch.round(weight / scales[:, None])
+                             .clamp(-127, 127).to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.to(linear.weight.dtype))
+        self.bias = None if linear.bias is None else torch.nn.Parameter(
+            linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        y = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def _weight_only_int8(model: torch.nn.Module, chosen: list[str]) -> torch.nn.Module:
+    """A copy of `model` with each linear named in `chosen` replaced by `WeightOnlyInt8Linear`."""
+    chosen = set(chosen)
+    names = {module: name for name, module in model.named_modules()}
+    originals = {}  # parent name -> {child name: linear}, detached before the copy
+    for parent in list(model.modules()):
+        for child_name, child in parent.named_children():
+            if names[child] in chosen:
+                originals.setdefault(parent, {})[child_name] = child
+    memo = {id(linear): WeightOnlyInt8Linear(linear)
+            for children in originals.values() for linear in children.values()}
+    return copy.deepcopy(model, memo)
+
+
+def _dynamic_int8(model: torch.nn.Module, chosen: list[str], scheme: str) -> torch.nn.Module:
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError as err:
+        raise DraftsmithError(f"--target-quant {scheme} needs torch.ao.quantization, which this "
+                              f"torch {torch.__version__} lacks: {err}") from err
+    with warnings.catch_warnings():  # its deprecation notices; the module docstring says why
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, dict.fromkeys(chosen, per_channel_dynamic_qconfig),
+                                dtype=torch.qint8, inplace=False)
+
+
+def _dtype_name(model: torch.nn.Module) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool = False,
                    keep_float: tuple[str, ...] = ()) -> QuantizedCopy:
     """A quantized copy of `model` (the original is left as it is).
 
     Args:
-        model: a float32 transformers causal LM on the CPU, in eval mode.
+        model: a transformers causal LM on the CPU, in eval mode: float32 for `int8`, float32,
+            bfloat16 or float16 for `int8wo` (its activations keep that dtype).
         scheme: a key of `QUANT_SCHEMES` other than `none`.
         quantize_head: also quantize the output head (the benchmark's comparison; eval keeps it
             float, see the module docstring).
@@ -107,8 +179,9 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool =
             e.g. `("down_proj",)`).
 
     Returns:
-        The copy (eval mode, no grads) and `info`: scheme, method, the linears quantized and kept
-        float, and the weight bytes before and after.
+        The copy (eval mode, no grads) and `info`: scheme, method, whether its rows are computed
+        independently, the linears quantized and kept float, and the weight bytes before and
+        after.
 
     Raises:
         DraftsmithError: an unknown scheme, a target the kernels cannot run, or a torch without
@@ -123,19 +196,17 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, quantize_head: bool =
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     chosen = [names[m] for m in linears if (quantize_head or m is not head)
               and not names[m].endswith(keep_float)]
-    try:
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    except ImportError as err:
-        raise DraftsmithError(f"--target-quant {scheme} needs torch.ao.quantization, which this "
-                              f"torch {torch.__version__} lacks: {err}") from err
-    with warnings.catch_warnings():  # its deprecation notices; the module docstring says why
-        warnings.simplefilter("ignore")
-        quantized = quantize_dynamic(model, dict.fromkeys(chosen, per_channel_dynamic_qconfig),
-                                     dtype=torch.qint8, inplace=False)
+    if scheme == "int8wo":
+        quantized = _weight_only_int8(model, chosen)
+        method = (f"torch {torch.__version__} torch.ops.aten._weight_int8pack_mm (int8 weights, "
+                  f"per-channel scales, {_dtype_name(model)} activations, row by row)")
+    else:
+        quantized = _dynamic_int8(model, chosen, scheme)
+        method = (f"torch {torch.__version__} torch.ao.quantization.quantize_dynamic (qint8, "
+                  f"per-channel weights, engine {torch.backends.quantized.engine})")
     quantized.eval().requires_grad_(False)
-    info = {"scheme": scheme, "description": QUANT_SCHEMES[scheme],
-            "method": f"torch {torch.__version__} torch.ao.quantization.quantize_dynamic "
-                      f"(qint8, per-channel weights, engine {torch.backends.quantized.engine})",
+    info = {"scheme": scheme, "description": QUANT_SCHEMES[scheme], "method": method,
+            "row_independent": ROW_INDEPENDENT[scheme],
             "quantized_linears": len(chosen),
             "float_linears": [names[m] for m in linears if names[m] not in chosen],
             "head_quantized": quantize_head,

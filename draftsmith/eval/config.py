@@ -72,14 +72,15 @@ class EvalConfig:
     def __post_init__(self):
         self.batch_sizes = parse_batch_sizes(self.batch_sizes)
         self.target_quant = parse_target_quant(self.target_quant)
-        if len(self.target_quant) > 1 and self.dtype not in ("auto", "float32"):
-            raise DraftsmithError(f"--target-quant {','.join(self.target_quant)} quantizes a "
-                                  f"float32 target; drop --dtype {self.dtype} or pass --dtype "
-                                  "float32")
         if len(self.target_quant) > 1 and resolve_device(self.device).type != "cpu":
             raise DraftsmithError(f"--target-quant {','.join(self.target_quant)} runs on the CPU "
                                   "(its int8 kernels are CPU kernels); pass --device cpu")
-        if len(self.target_quant) > 1:
+        if "int8" in self.target_quant:  # dynamic int8 quantizes a float32 model
+            if self.dtype not in ("auto", "float32"):
+                raise DraftsmithError(f"--target-quant {','.join(self.target_quant)} quantizes a "
+                                      f"float32 target (dynamic int8); drop --dtype {self.dtype}, "
+                                      "pass --dtype float32, or use int8wo (weight-only int8, "
+                                      "any float dtype)")
             self.dtype = "float32"
         if isinstance(self.lossless_samples, bool) or not isinstance(self.lossless_samples, int) \
                 or self.lossless_samples < 50:

@@ -1,13 +1,14 @@
 """Speculation over a quantized target, side by side with the target as loaded
-(`draftsmith eval --target-quant none,int8`).
+(`draftsmith eval --target-quant none,int8wo`).
 
 Each quantized copy (draftsmith/quantize.py) gets its own `MethodExecutor`: every method runs on
 every prompt turn right after it ran on the target as loaded, with the same drafters, trees and
 prompts (MT-bench's second turn follows the first target's plain answer for every variant). The
 drafters are unchanged; what changes is the model that verifies: its logits decide the tokens and
 hidden-state drafters (EAGLE, Medusa, MTP) read its hidden states, so a variant's output is the
-quantized model's, not the float target's (and with dynamic int8 not bit-identical to the
-quantized model's one-token decoding either: see draftsmith/quantize.py). Speedups are against
+quantized model's, not the float target's (with weight-only int8 as exactly as over the float
+target; with dynamic int8 not bit-identical to that model's one-token decoding: see
+draftsmith/quantize.py). Speedups are against
 plain decoding of the same variant; the acceptance drop is against the target as loaded.
 """
 
@@ -157,15 +158,22 @@ class TargetVariants:
                         row["identical_to_plain"] = same / count
             out[variant.name] = {
                 "quantization": variant.quantization,
-                "verified_output": (f"the {variant.name} copy of the target ({loaded}, then "
-                                    f"{variant.quantization['description']}), not the target as "
-                                    "loaded; activation scales are computed per forward over all "
-                                    "its rows, so a multi-token verify can differ from this "
-                                    "model's one-token decoding (see identical_to_plain)"),
+                "verified_output": _verified_output(variant, loaded),
                 "summary": summary,
                 "records": [r.to_dict() for r in variant.records],
             }
         return out
+
+
+def _verified_output(variant: TargetVariant, loaded: str) -> str:
+    """Whose output a variant's methods produce, and how exactly (its rows computed alone or not)."""
+    info = variant.quantization
+    how = ("each row of a multi-token verify is computed on its own, as in this model's one-token "
+           "decoding" if info.get("row_independent") else
+           "activation scales are computed per forward over all its rows, so a multi-token "
+           "verify can differ from this model's one-token decoding")
+    return (f"the {variant.name} copy of the target ({loaded}, then {info['description']}), not "
+            f"the target as loaded; {how} (see identical_to_plain)")
 
 
 def _add_drops(row: dict, full: dict | None, full_plain: dict | None) -> None:
