@@ -138,14 +138,8 @@ class WeightOnlyInt8Linear(torch.nn.Module):
 def _weight_only_int8(model: torch.nn.Module, chosen: list[str]) -> torch.nn.Module:
     """A copy of `model` with each linear named in `chosen` replaced by `WeightOnlyInt8Linear`."""
     chosen = set(chosen)
-    names = {module: name for name, module in model.named_modules()}
-    originals = {}  # parent name -> {child name: linear}, detached before the copy
-    for parent in list(model.modules()):
-        for child_name, child in parent.named_children():
-            if names[child] in chosen:
-                originals.setdefault(parent, {})[child_name] = child
-    memo = {id(linear): WeightOnlyInt8Linear(linear)
-            for children in originals.values() for linear in children.values()}
+    memo = {id(module): WeightOnlyInt8Linear(module)  # deepcopy takes these in their place
+            for name, module in model.named_modules() if name in chosen}
     return copy.deepcopy(model, memo)
 
 

@@ -93,8 +93,10 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
                       f"{cfg.get('max_new_tokens')} new tokens per turn", "",
                       *lossless_line(check), ""]
         if len(result.get("target_variants") or {}) > 1:  # a quantized copy beside `none`
-            lines += [f"### Quantized target (`{name}` run, greedy, {size}): the same drafters "
-                      "verified by a quantized copy of the target", "", "```",
+            dtype = (result.get("machine") or {}).get("dtype")
+            lines += [f"### Quantized target (`{name}` run, greedy, {size}"
+                      + (f", base {dtype}" if dtype else "") + "): the same drafters verified by a "
+                      "quantized copy of the target", "", "```",
                       format_variant_table(result["target_variants"]), "```", "",
                       *variant_divergence(check), ""]
     return lines
