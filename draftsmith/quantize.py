@@ -9,9 +9,12 @@ gives it (tests/eval/test_target_quant.py checks it kernel by kernel): speculati
 is as lossless with respect to it as over the float target (in float32 token for token; in bf16
 near-ties flip in attention and norms just as for a bf16 target). Measured on a 2-core Xeon with
 AMX: a (1 x 1536) @ (1536 x 8960) product 0.67 ms against 1.55 ms for the bf16 linear, 2.0 ms at
-5 rows against 1.5 ms, so it pays at one token and for small trees; with float32 activations the
-kernel is a slow path (10.6 ms at one row against 1.5 ms for float32), so on a CPU without native
-bf16 this copy is slower than its float32 target (the benchmark's rows say by how much).
+5 rows against 1.5 ms, so it pays at one token and for small trees. End to end (BENCHMARKS.md,
+bf16 base, same machine) plain decoding of SmolLM2-135M ran 1.28x the bf16 target's, of
+Qwen2.5-Coder-1.5B 0.83x (its 1536 x 8960 MLP products favour the AMX bf16 GEMM). With float32
+activations the kernel is a slow path (10.6 ms at one row against 1.5 ms for float32; SmolLM2
+plain 0.10x its float32 target), so on a CPU without native bf16 this copy is for exactness
+checks, not speed.
 
 `int8` is dynamic int8 quantization of the decoder's linear layers with torch's built-in
 `torch.ao.quantization.quantize_dynamic`: int8 weights per output channel, activations quantized
@@ -76,6 +79,19 @@ def parse_target_quant(value: str | tuple | list) -> tuple[str, ...]:
                                   f"from: {', '.join(QUANT_SCHEMES)} (comma-separated, e.g. "
                                   "--target-quant none,int8)")
     return tuple(dict.fromkeys(["none", *parts]))
+
+
+def verified_output(name: str, info: dict, loaded: str) -> str:
+    """Whose output a quantized variant's methods produce, and how exactly: `info` is a
+    `QuantizedCopy.info` (one without `row_independent`, from an older eval.json, gets its
+    scheme's), `loaded` the target as loaded in words."""
+    independent = info.get("row_independent", ROW_INDEPENDENT.get(info.get("scheme", name)))
+    how = ("each row of a multi-token verify is computed on its own, as in this model's one-token "
+           "decoding" if independent else
+           "activation scales are computed per forward over all its rows, so a multi-token "
+           "verify can differ from this model's one-token decoding")
+    return (f"the {name} copy of the target ({loaded}, then {info['description']}), not the "
+            f"target as loaded; {how} (see identical_to_plain)")
 
 
 def check_quantizable(model: torch.nn.Module, scheme: str) -> None:

@@ -23,7 +23,7 @@ from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import first_divergence
 from draftsmith.eval.methods import NEEDS_DRAFTER, split_method
 from draftsmith.eval.metrics import RunRecord, summarize_all
-from draftsmith.quantize import quantize_model
+from draftsmith.quantize import quantize_model, verified_output
 from draftsmith.target import Target
 
 
@@ -158,22 +158,11 @@ class TargetVariants:
                         row["identical_to_plain"] = same / count
             out[variant.name] = {
                 "quantization": variant.quantization,
-                "verified_output": _verified_output(variant, loaded),
+                "verified_output": verified_output(variant.name, variant.quantization, loaded),
                 "summary": summary,
                 "records": [r.to_dict() for r in variant.records],
             }
         return out
-
-
-def _verified_output(variant: TargetVariant, loaded: str) -> str:
-    """Whose output a variant's methods produce, and how exactly (its rows computed alone or not)."""
-    info = variant.quantization
-    how = ("each row of a multi-token verify is computed on its own, as in this model's one-token "
-           "decoding" if info.get("row_independent") else
-           "activation scales are computed per forward over all its rows, so a multi-token "
-           "verify can differ from this model's one-token decoding")
-    return (f"the {variant.name} copy of the target ({loaded}, then {info['description']}), not "
-            f"the target as loaded; {how} (see identical_to_plain)")
 
 
 def _add_drops(row: dict, full: dict | None, full_plain: dict | None) -> None:

@@ -223,10 +223,36 @@ def test_the_quantized_rows_say_how_far_they_followed_the_copys_own_decoding():
     (line,) = variant_divergence(check)
     assert "prompt_lookup (int8 target) first left it on mt_bench/81 at new token 1" in line
     assert "one scale over all of its rows" in line
+    assert "In bf16" not in line
+    wo = {"checked": ["prompt_lookup (int8wo target)"], "dtype_exact": False,
+          "failures": [{"method": "prompt_lookup (int8wo target)", "set": "gsm8k", "item": 2,
+                        "index": 28}]}
+    (line,) = variant_divergence(wo)
+    assert "at new token 28" in line and "In bf16 near-tied logits flip" in line
+    assert "one scale over all of its rows" not in line
+    assert variant_divergence({**wo, "dtype_exact": True})[0].endswith("(float32: a bug).")
     check["failures"] = []
     assert variant_divergence(check) == ["All 1 methods over the quantized copies reproduced that "
                                          "copy's own plain greedy decoding token for token."]
     assert variant_divergence({"checked": ["prompt_lookup"], "failures": []}) == []
+
+
+def test_an_older_int8_record_gets_what_was_measured_not_its_stored_claim():
+    from draftsmith.eval.report import format_variant_table
+
+    row = {"tau": 1.0, "tokens_per_second": 10.0, "speedup": 1.0, "acceptance_by_depth": []}
+    variants = {
+        "none": {"quantization": None, "summary": {"all": {"plain": row}},
+                 "verified_output": "the target as loaded: float32 weights as loaded"},
+        "int8": {"quantization": {"scheme": "int8", "description": "dynamic int8 linears"},
+                 "summary": {"all": {"plain": row}},
+                 "verified_output": "lossless with respect to this quantized model"}}
+    text = format_variant_table(variants)
+    assert "lossless with respect to" not in text
+    assert ("int8: verified output is the int8 copy of the target (float32 weights as loaded, "
+            "then dynamic int8 linears), not the target as loaded; activation scales") in text
+    variants["int8"]["quantization"]["row_independent"] = False  # written today: as stored
+    assert "lossless with respect to" in format_variant_table(variants)
 
 
 @pytest.mark.parametrize("spec", [
