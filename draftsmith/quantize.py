@@ -104,11 +104,9 @@ def check_quantizable(model: torch.nn.Module, scheme: str) -> None:
     if weight.device.type != "cpu":
         raise DraftsmithError(f"--target-quant {scheme} runs on the CPU (its int8 kernels are "
                               f"CPU kernels), the target is on {weight.device}; pass --device cpu")
-    if scheme == "int8wo" and weight.dtype in FLOAT_DTYPES:
-        return
-    if weight.dtype != torch.float32:
+    if weight.dtype not in (FLOAT_DTYPES if scheme == "int8wo" else (torch.float32,)):
         raise DraftsmithError(f"--target-quant {scheme} quantizes a float32 target, this one is "
-                              f"{str(weight.dtype).removeprefix('torch.')}; pass --dtype float32")
+                              f"{_dtype_name(model)}; pass --dtype float32")
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
