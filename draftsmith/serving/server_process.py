@@ -83,15 +83,52 @@ class ServerProcess:
             return "(no log)"
 
     def stop(self, grace_seconds: float = 20.0) -> None:
-        """SIGTERM to the engine's process group, SIGKILL after `grace_seconds`."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM to the engine's process group, SIGKILL after `grace_seconds`; returns once no
+        process of the group is left (an engine's workers can outlive its main process, and a
+        left-over busy worker starves everything that runs after it on a small machine)."""
+        if self.process is None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        group = self.process.pid
+        deadline = time.monotonic() + grace_seconds
+        if _signal_group(group, signal.SIGTERM):
+            while _group_alive(group) and time.monotonic() < deadline:
+                self.process.poll()  # reaps the main process once it exits
+                time.sleep(0.1)
+            if _group_alive(group):
+                _signal_group(group, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + 10.0
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _signal_group(group: int, sig: int) -> bool:
+    """Send `sig` to every process of `group`; False when the group has no process left."""
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of `group` still runs (zombies, which hold no CPU, do not count: this
+    machine's init may never reap an engine's orphaned workers)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return _signal_group(group, 0)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False

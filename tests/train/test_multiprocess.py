@@ -15,6 +15,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from draftsmith.serving.server_process import free_port
 from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.slow
@@ -29,6 +30,19 @@ def save_tiny_target(folder: Path) -> None:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
     tokenizer.save_pretrained(folder)
+
+
+def run_or_explain(command: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run `command`; on a timeout fail with its output and what else held the CPU meanwhile."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    except subprocess.TimeoutExpired as err:
+        busy = subprocess.run(["ps", "-eo", "pid,pgid,pcpu,etime,args", "--sort=-pcpu"],
+                              capture_output=True, text=True).stdout.splitlines()[:12]
+        stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else \
+            (err.stderr or "")
+        pytest.fail("the 2-process run did not finish in 300 s; its stderr ends:\n"
+                    f"{stderr[-2000:]}\nbusiest processes:\n" + "\n".join(busy))
 
 
 def test_two_process_ddp_matches_one_process(tmp_path):
@@ -53,11 +67,12 @@ def test_two_process_ddp_matches_one_process(tmp_path):
                           f"train.output_dir={tmp_path / 'one'}"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+    # its own free rendezvous port: accelerate's default 29500 may be held by another run
+    two = run_or_explain([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                          "--dynamo_backend", "no", *common, "train.batch_size=2",
-                          f"train.output_dir={tmp_path / 'two'}"],
-                         capture_output=True, text=True, env=env, timeout=300)
+                          "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                          *common, "train.batch_size=2",
+                          f"train.output_dir={tmp_path / 'two'}"], env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "terminate called" not in two.stderr
 
