@@ -142,7 +142,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tree_depth=args.tree_depth, tree_total_tokens=args.tree_total_tokens,
         lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
         lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
-        datastore=args.datastore,
+        datastore=args.datastore, hybrid_min_ngram=args.hybrid_min_ngram,
         target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=chosen_sets(args.bench, bool(args.prompts)),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--methods", default="plain,prompt_lookup",
                     help="comma list: plain, prompt_lookup, lookahead, rest, draft_model, "
                     "draft_model_tree, drafter, drafter_chain, drafter_static, drafter_dynamic, "
-                    "hf_generate, hf_assisted, hf_prompt_lookup")
+                    "drafter_lookup, hf_generate, hf_assisted, hf_prompt_lookup")
     ev.add_argument("--baselines", action="store_true",
                     help="add prompt lookup, lookahead, HF generate / prompt lookup, with "
                     "--datastore REST, and with --draft-model the classic draft model and HF "
@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
                     help="prompt lookup chain length")
     ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
+    ev.add_argument("--hybrid-min-ngram", type=positive_int_arg, default=2,
+                    help="drafter_lookup: drafts from prompt lookup when it matches a suffix of "
+                    "at least this many tokens, else from the trained drafter")
     ev.add_argument("--lookahead-window", type=positive_int_arg, default=4,
                     help="lookahead decoding: W, columns of the Jacobi window")
     ev.add_argument("--lookahead-ngram", type=positive_int_arg, default=3,

@@ -121,18 +121,18 @@ def autotune_tree(
         sizes = tuple(sorted({*sizes, topk}))
     deepest = max(depths)
     recorder = _ScoreRecorder(make_proposer(deepest, max(sizes)))
-    draft_seconds, steps = 0.0, 0
+    draft_seconds = 0.0
     for prompt in prompts:  # also warms the target's shapes up before its costs are timed
         result = generate(runner, recorder, prompt, max_new_tokens, sampling=sampling)
         draft_seconds += result.draft_seconds
-        steps += result.steps
     priced = {d: {n: min(n, tree_capacity(d, topk)) for n in sizes} for d in depths}
     verify = measure_verify_cost(runner, sorted({1, *[m + 1 for row in priced.values()
                                                         for m in row.values()]}),
                                  repeats=repeats, reduce=min)
     if not recorder.steps:
         raise ValueError("the proposer reported no node scores; autotuning needs a dynamic tree")
-    t_depth = draft_seconds / max(steps, 1) / deepest
+    # per drafted step: a hybrid's prompt-lookup steps record no scores and cost no drafting
+    t_depth = draft_seconds / max(len(recorder.steps), 1) / deepest
     tau, speed = {}, {}
     for d in depths:
         for n in sizes:

@@ -12,6 +12,7 @@ from draftsmith.eval.hf_baselines import HF_METHODS
 from draftsmith.eval.proposers.base import NoDraftProposer, Proposer
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
 from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.eval.proposers.hybrid import LookupHybridProposer
 from draftsmith.eval.proposers.lookahead import LookaheadProposer
 from draftsmith.eval.proposers.medusa import MedusaProposer
 from draftsmith.eval.proposers.mtp import MTPProposer
@@ -32,6 +33,8 @@ OUR_METHODS = {
     "drafter_chain": "trained drafter, chain of top-1 drafts",
     "drafter_static": "trained drafter, static tree (Medusa / EAGLE-1)",
     "drafter_dynamic": "trained feature drafter, dynamic tree (EAGLE-2 / EAGLE-3)",
+    "drafter_lookup": "trained drafter with its kind's default tree, prompt lookup's chain instead "
+                      "on a match of >= --hybrid-min-ngram tokens",
 }
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
@@ -52,6 +55,8 @@ class ProposerSettings:
         lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N and G.
         rest_tokens: draft nodes of REST's tree.
         datastore: the REST datastore folder (`draftsmith data run` with data.datastore).
+        hybrid_min_ngram: shortest prompt-lookup match that `drafter_lookup` drafts from instead
+            of the drafter.
     """
 
     num_draft_tokens: int = 4
@@ -63,10 +68,11 @@ class ProposerSettings:
     lookahead_guesses: int = 4
     rest_tokens: int = 16
     datastore: str | None = None
+    hybrid_min_ngram: int = 2
 
     def __post_init__(self):
         for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram", "lookahead_window",
-                     "lookahead_ngram", "lookahead_guesses", "rest_tokens"):
+                     "lookahead_ngram", "lookahead_guesses", "rest_tokens", "hybrid_min_ngram"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = "--" + name.replace("_", "-")
@@ -75,6 +81,11 @@ class ProposerSettings:
         if self.lookahead_ngram < 2:
             raise DraftsmithError(f"--lookahead-ngram {self.lookahead_ngram} must be >= 2 (an "
                                   "n-gram is a token and at least one guess after it)")
+        if self.hybrid_min_ngram > self.lookup_max_ngram:
+            raise DraftsmithError(f"--hybrid-min-ngram {self.hybrid_min_ngram} exceeds "
+                                  f"--lookup-max-ngram {self.lookup_max_ngram}: prompt lookup "
+                                  "never matches that long a suffix; lower the one or raise the "
+                                  "other")
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -118,12 +129,16 @@ def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: s
 def tree_shape(method: str, kind: str) -> str:
     """The tree shape a drafter method decodes with: `drafter` takes the kind's default."""
     base, _ = split_method(method)
-    return get_spec(kind).default_tree if base == "drafter" else base.split("_", 1)[1]
+    if base in ("drafter", "drafter_lookup"):
+        return get_spec(kind).default_tree
+    return base.split("_", 1)[1]
 
 
 def decodes_chains(method: str, kind: str | None = None) -> bool:
     """Whether a method drafts chains (what batched decoding runs); `kind`: its drafter's kind."""
     base, _ = split_method(method)
+    if base == "drafter_lookup":  # its steps switch between two proposers
+        return False
     if base in NEEDS_DRAFTER:
         return tree_shape(method, kind) == "chain"
     return base in CHAIN_METHODS
@@ -172,6 +187,11 @@ def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingCon
                   draft_model: torch.nn.Module | None = None, drafter=None) -> Proposer:
     """A fresh proposer for one of draftsmith's own methods."""
     base, _ = split_method(method)
+    if base == "drafter_lookup":
+        inner = make_drafter_proposer(base, drafter, settings)
+        lookup = PromptLookupProposer(settings.lookup_tokens, settings.lookup_max_ngram)
+        return LookupHybridProposer(inner, lookup, settings.hybrid_min_ngram,
+                                    f"{inner.name}+lookup")
     if base in NEEDS_DRAFTER:
         return make_drafter_proposer(base, drafter, settings)
     if method == "plain":

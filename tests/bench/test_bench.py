@@ -295,3 +295,19 @@ def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path,
     assert lines[at + 2].startswith("Measured on ") and lines[at + 4].startswith("*Kept from an "
                                                                                  "earlier run*")
     assert "### Training" in "\n".join(lines[at:])
+
+
+def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
+    from draftsmith.bench.report import _bars
+
+    rows = {"plain": {"speedup": 1.0}, "prompt_lookup": {"speedup": 1.4},
+            "drafter_dynamic@eagle3": {"speedup": 1.1}, "drafter_lookup@eagle3": {"speedup": 1.5}}
+    bench = {"config": {"speedup_bar": 1.6, "eval": {"methods": {
+        "prompt_lookup": "prompt lookup", "drafter_dynamic@eagle3": "EAGLE-3",
+        "drafter_lookup@eagle3": "EAGLE-3 + prompt lookup"}}},
+        "eval": {"0": {"summary": {"gsm8k": rows, "all": rows}}}}
+    lines, missed = _bars(bench)
+    assert "| best trained drafter speedup (EAGLE-3) | >= 1.6x | 1.10x | missed |" in lines
+    assert "| best trained drafter faster than prompt lookup | > 1.40x | 1.10x | missed |" in lines
+    assert "| EAGLE-3 + prompt lookup faster than prompt lookup | > 1.40x | 1.50x | met |" in lines
+    assert missed == ["best trained-drafter speedup 1.10x misses 1.6x by 0.50x."]

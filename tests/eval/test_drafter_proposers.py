@@ -1,6 +1,7 @@
-"""Trained-drafter proposers (Medusa, EAGLE-1 static / EAGLE-2 dynamic, EAGLE-3) are lossless on
-tiny targets, and a feature drafter's decode-time predictions equal its training-time ones (the
-cache, positions and features are aligned)."""
+"""Trained-drafter proposers (Medusa, EAGLE-1 static / EAGLE-2 dynamic, EAGLE-3, MTP) are lossless
+on tiny targets, alone and inside the prompt-lookup hybrid, and a drafter's decode-time predictions
+equal its training-time ones (the cache, positions and features are aligned), also when the hybrid
+handed some steps to prompt lookup."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import torch
 
 from draftsmith.eval.decode import generate
 from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.eval.proposers.hybrid import LookupHybridProposer
 from draftsmith.eval.proposers.medusa import MedusaProposer
 from draftsmith.eval.proposers.mtp import MTPProposer
+from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.models.layers import causal_mask, shift_left
@@ -76,8 +79,34 @@ def test_very_short_prompts_decode_losslessly(length):
         assert max(result.depth_per_step) >= 1, f"{name} never drafted"
 
 
+# a prompt that repeats itself, so prompt lookup finds 2- and 3-token matches from the start
+REPEATING = [5, 9, 17, 33, 8, 5, 9, 17, 40, 41, 5, 9, 17, 33, 8, 60, 5, 9]
+
+
+def hybrid(proposer, min_ngram: int = 2) -> LookupHybridProposer:
+    return LookupHybridProposer(proposer, PromptLookupProposer(4, 3), min_ngram, "hybrid")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_lookup_hybrid_reproduces_plain_greedy_for_every_drafter(family):
+    target = tiny_target(family)
+    reference = target.generate(torch.tensor([REPEATING]), max_new_tokens=NEW, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(REPEATING):].tolist()
+    runner = CausalLMRunner(target, output_hidden_states=True)
+    for name, proposer in proposers(target).items():
+        wrapped = hybrid(proposer)
+        result = generate(runner, wrapped, REPEATING, NEW)
+        assert result.tokens == reference, name
+        assert wrapped.lookup_steps >= 1 and wrapped.drafter_steps >= 1, name
+
+
+def test_the_lookup_hybrid_refuses_a_match_length_lookup_never_finds():
+    with pytest.raises(ValueError, match="n-gram range"):
+        hybrid(MTPProposer(drafter_for("mtp", tiny_target("llama"), num_modules=2)), min_ngram=4)
+
+
 class TreeRecorder:
-    """Wraps a proposer and records (root position, proposed tree) at every step."""
+    """Wraps a proposer and records (root position, proposed tree) at every step it drafts."""
 
     def __init__(self, inner):
         self.inner, self.name, self.rows = inner, inner.name, []
@@ -91,18 +120,29 @@ class TreeRecorder:
         self.rows.append((self.position, tree))
         return tree
 
+    def skip(self, root):
+        self.inner.skip(root)
+
     def observe(self, path_tokens, target_out, path):
         self.position += len(path_tokens)
         self.inner.observe(path_tokens, target_out, path)
 
 
+@pytest.mark.parametrize("with_lookup", [False, True])
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_decode_time_drafts_equal_training_time_predictions(kind):
+def test_decode_time_drafts_equal_training_time_predictions(kind, with_lookup):
+    """With the hybrid, steps prompt lookup drafted leave their entries for the drafter's next
+    step: its drafts must still equal what training computes at the same positions."""
     target = tiny_target("llama")
     drafter = drafter_for(kind, target, **({"draft_vocab_size": 100} if kind == "eagle3" else {}))
     prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(5)).tolist()
     recorder = TreeRecorder(FeatureDrafterProposer(drafter, dynamic=DynamicTreeConfig(3, 1, 3)))
-    result = generate(CausalLMRunner(target, output_hidden_states=True), recorder, prompt, 16)
+    proposer = hybrid(recorder, min_ngram=3) if with_lookup else recorder
+    result = generate(CausalLMRunner(target, output_hidden_states=True), proposer,
+                      REPEATING if with_lookup else prompt, 16)
+    prompt = REPEATING if with_lookup else prompt
+    if with_lookup:
+        assert proposer.lookup_steps >= 2
 
     sequence = torch.tensor([prompt + result.tokens])
     mask = torch.ones_like(sequence)
@@ -131,12 +171,17 @@ def test_decode_time_drafts_equal_training_time_predictions(kind):
         torch.testing.assert_close(scores, logp[root_position - 1, tokens], rtol=1e-4, atol=1e-4)
 
 
-def test_mtp_decode_time_drafts_equal_training_time_predictions():
+@pytest.mark.parametrize("with_lookup", [False, True])
+def test_mtp_decode_time_drafts_equal_training_time_predictions(with_lookup):
     target = tiny_target("qwen2")
     drafter = drafter_for("mtp", target, num_modules=3)
-    prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    prompt = (REPEATING if with_lookup else
+              torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(6)).tolist())
     recorder = TreeRecorder(MTPProposer(drafter))
-    result = generate(CausalLMRunner(target), recorder, prompt, 20)
+    proposer = hybrid(recorder, min_ngram=3) if with_lookup else recorder
+    result = generate(CausalLMRunner(target), proposer, prompt, 20)
+    if with_lookup:
+        assert proposer.lookup_steps >= 2
     full = prompt + result.tokens
     checked = 0
     for root, tree in recorder.rows:

@@ -1,6 +1,6 @@
 """`draftsmith eval --check-lossless` end to end on a tiny random target saved as a folder: a
-random drafter of every registered kind (each with its default tree and, where it has one, a
-chain), the draft model and prompt lookup pass the greedy float32 gate at batch sizes 1 and 2,
+random drafter of every registered kind (each with its default tree, inside the prompt-lookup
+hybrid and, where it has one, a chain), the draft model and prompt lookup pass the greedy float32 gate at batch sizes 1 and 2,
 with the batch-size table, JSON and plot written; a batched run that leaves plain decoding fails
 the gate naming the method, batch size and first divergent token."""
 
@@ -32,7 +32,7 @@ def setup(tmp_path_factory):
         folder = write_checkpoint(root / kind / "drafter", kind,
                                   build_drafter(kind, target, settings), target, settings)
         drafter_args += ["--drafter", f"{kind}={folder}"]
-        methods.append(f"drafter@{kind}")
+        methods += [f"drafter@{kind}", f"drafter_lookup@{kind}"]
         if "chain" in spec.tree_shapes and spec.default_tree != "chain":
             methods.append(f"drafter_chain@{kind}")
     prompts = root / "prompts.txt"

@@ -120,8 +120,17 @@ class FeatureDrafterProposer:
             self._features[node] = hidden[row]
         return logp
 
+    def skip(self, root: int) -> None:
+        """This step's tree came from elsewhere (a hybrid's prompt lookup): keep the root's entry
+        pending with the verified path's, so the next `propose` feeds them all at once."""
+        if self.pending_features is not None or self.keys is not None:
+            self.pending_tokens.append(root)
+
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         index = torch.tensor(path, device=target_out.last_hidden.device)
-        self.pending_features = self.drafter.target_feature(
+        features = self.drafter.target_feature(
             target_out.last_hidden, target_out.hidden_states, index)
-        self.pending_tokens = path_tokens[1:]
+        if self.pending_features is not None:  # a skipped step's entries are still pending
+            features = torch.cat([self.pending_features, features])
+        self.pending_features = features
+        self.pending_tokens = [*self.pending_tokens, *path_tokens[1:]]

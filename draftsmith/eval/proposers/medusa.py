@@ -48,5 +48,8 @@ class MedusaProposer:
                     depths=torch.tensor(depths),
                     is_chain=all(p == i - 1 for i, p in enumerate(parents)))
 
+    def skip(self, root: int) -> None:
+        """This step's tree came from elsewhere: the heads read only the next accepted state."""
+
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         self.hidden = target_out.last_hidden[path[-1]]

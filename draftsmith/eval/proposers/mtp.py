@@ -75,6 +75,11 @@ class MTPProposer:
                 del self.outputs[k][i]
         self.outputs[-1].clear()
 
+    def skip(self, root: int) -> None:
+        """This step's tree came from elsewhere: the root takes its position, and its entries
+        are fed with the next proposal's."""
+        self.tokens.append(root)
+
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         root_position = len(self.tokens) - 1
         for offset, node in enumerate(path):

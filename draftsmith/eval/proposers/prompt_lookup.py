@@ -29,6 +29,7 @@ class PromptLookupProposer:
         self.min_ngram = min_ngram
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
+        self.matched_ngram = 0  # length of the suffix the last proposal matched (0: none)
 
     def reset(self, context: list[int], target_out: ForwardOutput | None = None) -> None:
         self.tokens, self.index = [], {}
@@ -46,11 +47,13 @@ class PromptLookupProposer:
 
     def propose(self, root: int, max_depth: int) -> Tree:
         self._append(root)
+        self.matched_ngram = 0
         limit = min(self.num_tokens, max_depth)
         if limit > 0:
             for n in range(self.max_ngram, self.min_ngram - 1, -1):
                 end = self.index.get(tuple(self.tokens[-n:])) if len(self.tokens) >= n else None
                 if end is not None:
+                    self.matched_ngram = n
                     return chain_tree(root, self.tokens[end + 1:end + 1 + limit])
         return chain_tree(root, [])
 
