@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
                     help="prompt lookup chain length")
     ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
-    ev.add_argument("--hybrid-min-ngram", type=positive_int_arg, default=2,
+    ev.add_argument("--hybrid-min-ngram", type=positive_int_arg, default=3,
                     help="drafter_lookup: drafts from prompt lookup when it matches a suffix of "
                     "at least this many tokens, else from the trained drafter")
     ev.add_argument("--lookahead-window", type=positive_int_arg, default=4,

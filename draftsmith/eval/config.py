@@ -149,7 +149,7 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
                       tree_topk: int = 4, tree_depth: int = 6, tree_total_tokens: int | str = 16,
                       lookahead_window: int = 4, lookahead_ngram: int = 3,
                       lookahead_guesses: int = 4, rest_tokens: int = 16,
-                      datastore: str | None = None, hybrid_min_ngram: int = 2,
+                      datastore: str | None = None, hybrid_min_ngram: int = 3,
                       **fields) -> EvalConfig:
     """An EvalConfig from flat knobs, the one way the eval CLI and the benchmark build it.
 

@@ -68,7 +68,7 @@ class ProposerSettings:
     lookahead_guesses: int = 4
     rest_tokens: int = 16
     datastore: str | None = None
-    hybrid_min_ngram: int = 2
+    hybrid_min_ngram: int = 3
 
     def __post_init__(self):
         for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram", "lookahead_window",

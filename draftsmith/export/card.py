@@ -55,8 +55,10 @@ def read_eval(path: str | Path, meta: dict) -> dict:
         raise DraftsmithError(f"{path} measured several drafters that fit this checkpoint "
                               f"({', '.join(matches)}); evaluate this checkpoint on its own")
     suffix = f"@{matches[0]}" if matches[0] else ""
+    # the drafter's own trees only: the prompt-lookup hybrid is draftsmith's loop, not an engine's
     kept = {set_name: {(m[:-len(suffix)] if suffix else m): row for m, row in rows.items()
                        if m == "plain" or (m.startswith("drafter") and m.endswith(suffix)
+                                           and not m.startswith("drafter_lookup")
                                            and (suffix or "@" not in m))}
             for set_name, rows in summary.items()}
     if not any(m.startswith("drafter") for rows in kept.values() for m in rows):

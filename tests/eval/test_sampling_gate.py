@@ -25,6 +25,7 @@ from draftsmith.eval.distribution_test import (
 )
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import GATE_LEVEL, failure_message, sampling_gate
+from draftsmith.eval.methods import ProposerSettings
 from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
 from draftsmith.registry import DRAFTERS
 from draftsmith.target import Target
@@ -92,7 +93,8 @@ def _peaked(seed):
 def _executor(tmp_path, methods, model, weak, drafters):
     folders = tuple((label, str(tmp_path)) for label in drafters)
     config = EvalConfig(methods=methods, draft_model="weak", drafters=folders, dtype="float32",
-                        sampling=SamplingConfig(temperature=1.0, seed=3), check_lossless=True)
+                        sampling=SamplingConfig(temperature=1.0, seed=3), check_lossless=True,
+                        settings=ProposerSettings(hybrid_min_ngram=2))
     target = Target(model, SimpleNamespace(pad_token_id=0, decode=str), "tiny")
     return MethodExecutor(config, target, weak, {label: (LoadedDrafter(kind, module, {}), model)
                                                  for label, (kind, module) in drafters.items()})
@@ -106,7 +108,8 @@ def test_every_method_passes_the_gate_on_a_tiny_vocabulary(tmp_path):
         if "draft_vocab_size" in settings:
             settings["draft_vocab_size"] = V - 4
         drafters[kind] = (kind, build_drafter(kind, model, settings))
-    # PROMPT ends in a suffix it holds earlier: the hybrid's first step is prompt lookup's chain
+    # PROMPT ends in a 2-token suffix it holds earlier: the hybrid (min n-gram 2) drafts its
+    # first step from prompt lookup
     methods = ("plain", "draft_model", *(f"drafter@{k}" for k in drafters),
                "drafter_lookup@eagle3")
     executor = _executor(tmp_path, methods, model, weak, drafters)

@@ -96,10 +96,13 @@ def test_card_picks_its_drafter_from_a_multi_drafter_eval(tmp_path):
     other = {**row, "tau": 1.11}
     payload["drafters"] = {"eagle3": payload["drafters"][""],
                            "medusa1": {**payload["drafters"][""], "kind": "medusa"}}
+    hybrid = {**row, "tau": 2.99}  # the prompt-lookup hybrid: draftsmith's loop, not an engine's
     payload["summary"] = {"mt_bench": {"plain": payload["summary"]["mt_bench"]["plain"],
-                                       "drafter_dynamic@eagle3": row, "drafter@medusa1": other}}
+                                       "drafter_dynamic@eagle3": row, "drafter@medusa1": other,
+                                       "drafter_lookup@eagle3": hybrid}}
     out = export_drafter(folder, "eagle3", tmp_path / "export",
                          eval_json=write_eval(tmp_path, payload))
     card = (out / "README.md").read_text()
     assert "| mt_bench | drafter_dynamic | 2.35 |" in card
     assert "1.11" not in card and "@" not in card.split("## ")[1]
+    assert "2.99" not in card and "drafter_lookup" not in card
