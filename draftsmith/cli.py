@@ -131,6 +131,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             methods.append("drafter" + suffix)
     if args.baselines:
         methods += ["prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
+        for label in [""] if single else [label for label, _ in named]:
+            methods.append("drafter_lookup" + (f"@{label}" if label else ""))
         if args.datastore:
             methods += ["rest"]
         if args.draft_model:
@@ -209,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "drafter_lookup, hf_generate, hf_assisted, hf_prompt_lookup")
     ev.add_argument("--baselines", action="store_true",
                     help="add prompt lookup, lookahead, HF generate / prompt lookup, with "
-                    "--datastore REST, and with --draft-model the classic draft model and HF "
+                    "--datastore REST, with --drafter each drafter with prompt lookup "
+                    "(drafter_lookup), and with --draft-model the classic draft model and HF "
                     "assisted generation")
     add_prompt_arguments(ev, limit=5)
     ev.add_argument("--check-lossless", action="store_true",

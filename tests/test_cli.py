@@ -26,3 +26,20 @@ def test_unknown_model_is_a_clean_error(capsys):
     assert main(["models", "fetch", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "unknown offline model" in err and "Traceback" not in err
+
+
+def test_baselines_add_each_drafter_with_prompt_lookup(tmp_path, monkeypatch):
+    """`--baselines` with named drafters adds `drafter_lookup@LABEL` for each, next to the
+    training-free baselines, each method once."""
+    import draftsmith.eval.evaluate as evaluate
+
+    seen = {}
+    monkeypatch.setattr(evaluate, "run_eval", lambda config, log=print: seen.setdefault(
+        "methods", config.methods))
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+    assert main(["eval", "--drafter", f"a={tmp_path / 'a'}", "--drafter", f"b={tmp_path / 'b'}",
+                 "--baselines", "--out", str(tmp_path / "out")]) == 0
+    assert seen["methods"] == ("plain", "prompt_lookup", "drafter@a", "drafter@b", "lookahead",
+                               "hf_generate", "hf_prompt_lookup", "drafter_lookup@a",
+                               "drafter_lookup@b")
