@@ -130,7 +130,9 @@ def autotune_tree(
                                                         for m in row.values()]}),
                                  repeats=repeats, reduce=min)
     if not recorder.steps:
-        raise ValueError("the proposer reported no node scores; autotuning needs a dynamic tree")
+        raise ValueError("the proposer reported no node scores: autotuning needs a dynamic tree "
+                         "drafted on the calibration prompts (a hybrid that drafted every step by "
+                         "prompt lookup has none; pass --tree-total-tokens N instead of auto)")
     # per drafted step: a hybrid's prompt-lookup steps record no scores and cost no drafting
     t_depth = draft_seconds / max(len(recorder.steps), 1) / deepest
     tau, speed = {}, {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from draftsmith.data.prompts import SOURCES as PROMPT_SETS
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import ProposerSettings, check_methods
+from draftsmith.eval.methods import ProposerSettings, check_hybrid_settings, check_methods
 from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.quantize import parse_target_quant
@@ -112,6 +112,7 @@ class EvalConfig:
             raise DraftsmithError(f"drafter labels {labels} must be distinct and non-empty")
         check_methods(list(self.methods), self.draft_model is not None,
                       [label for label, _ in self.all_drafters()], self.settings.datastore)
+        check_hybrid_settings(self.methods, self.settings)
         for label, folder in self.all_drafters():
             flag = f"--drafter {label}={folder}" if label else f"--drafter {folder}"
             if not Path(folder).exists():

@@ -81,8 +81,11 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
                              runner.draft_model, drafter)
 
     hidden = getattr(make(1, 1), "needs_hidden_states", False)
-    budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
-                           topk=cfg.settings.tree.topk, sampling=cfg.sampling)
+    try:
+        budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
+                               topk=cfg.settings.tree.topk, sampling=cfg.sampling)
+    except ValueError as err:
+        raise DraftsmithError(f"--tree-total-tokens auto for {method}: {err}") from None
     best = f"{budget.depth},{budget.total_tokens}"
     log(f"tree for {method}: depth {budget.depth}, {budget.total_tokens} tokens "
         f"(expected tau {budget.expected_tau[best]:.2f}, drafting "

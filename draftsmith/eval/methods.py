@@ -81,11 +81,6 @@ class ProposerSettings:
         if self.lookahead_ngram < 2:
             raise DraftsmithError(f"--lookahead-ngram {self.lookahead_ngram} must be >= 2 (an "
                                   "n-gram is a token and at least one guess after it)")
-        if self.hybrid_min_ngram > self.lookup_max_ngram:
-            raise DraftsmithError(f"--hybrid-min-ngram {self.hybrid_min_ngram} exceeds "
-                                  f"--lookup-max-ngram {self.lookup_max_ngram}: prompt lookup "
-                                  "never matches that long a suffix; lower the one or raise the "
-                                  "other")
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -124,6 +119,15 @@ def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: s
             fix = (f"add --drafter {label}=DIR" if label else "add --drafter DIR")
             raise DraftsmithError(f"method {method!r} needs a trained drafter{' ' + repr(label) if label else ''} "
                                   f"(drafters given: {given}): {fix}")
+
+
+def check_hybrid_settings(methods, settings: ProposerSettings) -> None:
+    """Refuse a `drafter_lookup` run whose hybrid could never draft from prompt lookup."""
+    uses_hybrid = any(split_method(m)[0] == "drafter_lookup" for m in methods)
+    if uses_hybrid and settings.hybrid_min_ngram > settings.lookup_max_ngram:
+        raise DraftsmithError(f"--hybrid-min-ngram {settings.hybrid_min_ngram} exceeds "
+                              f"--lookup-max-ngram {settings.lookup_max_ngram}: prompt lookup "
+                              "never matches that long a suffix; lower the one or raise the other")
 
 
 def tree_shape(method: str, kind: str) -> str:

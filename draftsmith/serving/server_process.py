@@ -33,6 +33,7 @@ class ServerProcess:
     startup_timeout: float
     process: subprocess.Popen | None = None
     port = 0
+    _group_stopped = False
 
     @property
     def root_url(self) -> str:
@@ -54,6 +55,7 @@ class ServerProcess:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env,
                                             start_new_session=True)
+        self._group_stopped = False
         try:
             self._wait_healthy()
         except BaseException:
@@ -86,8 +88,8 @@ class ServerProcess:
         """SIGTERM to the engine's process group, SIGKILL after `grace_seconds`; returns once no
         process of the group is left (an engine's workers can outlive its main process, and a
         left-over busy worker starves everything that runs after it on a small machine)."""
-        if self.process is None:
-            return
+        if self.process is None or self._group_stopped:
+            return  # a second call must not signal a group id the system may have reused
         group = self.process.pid
         deadline = time.monotonic() + grace_seconds
         if _signal_group(group, signal.SIGTERM):
@@ -100,6 +102,7 @@ class ServerProcess:
         deadline = time.monotonic() + 10.0
         while _group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._group_stopped = True
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -109,7 +112,7 @@ def _signal_group(group: int, sig: int) -> bool:
     """Send `sig` to every process of `group`; False when the group has no process left."""
     try:
         os.killpg(group, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or the id now names another's group
         return False
     return True
 

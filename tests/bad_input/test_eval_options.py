@@ -38,6 +38,8 @@ def drafter_file(tmp_path):
     (["--drafter", "{tmp}/nowhere"], ["nowhere does not exist", "OUTPUT_DIR/drafter"]),
     (["--drafter", "{file}"], ["is a file, not a drafter folder"]),
     (["--drafter", "eagle1="], ["--drafter 'eagle1=' names no folder", "LABEL=DIR"]),
+    (["--drafter", "{tmp}", "--methods", "drafter_lookup", "--lookup-max-ngram", "2"],
+     ["--hybrid-min-ngram 3 exceeds --lookup-max-ngram 2", "lower the one or raise the other"]),
 ])
 def test_bad_options_are_refused_before_any_model_loads(tmp_path, drafter_file, args, phrases):
     out = tmp_path / "eval"
@@ -45,3 +47,10 @@ def test_bad_options_are_refused_before_any_model_loads(tmp_path, drafter_file, 
     result = run_cli(["eval", "--target", str(tmp_path / "no-target"), *args, "--out", str(out)])
     assert_refused(result, *phrases)  # the target does not exist: no model was loaded first
     assert not out.exists()
+
+
+def test_a_short_lookup_ngram_alone_needs_no_hybrid_setting():
+    from draftsmith.eval.config import build_eval_config
+
+    config = build_eval_config(lookup_max_ngram=2, methods=("plain", "prompt_lookup"))
+    assert config.settings.lookup_max_ngram == 2

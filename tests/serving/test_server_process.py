@@ -35,3 +35,17 @@ def test_stop_returns_at_once_when_the_group_exits_on_sigterm():
     server.stop(grace_seconds=20.0)
     assert server.process.returncode is not None
     assert time.monotonic() - start < 5
+
+
+def test_a_second_stop_signals_nothing(monkeypatch):
+    """After a stop, the old group id may name another group: a second stop leaves it alone."""
+    import draftsmith.serving.server_process as server_process
+
+    server = ServerProcess()
+    server.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                      start_new_session=True)
+    server.stop()
+    signalled = []
+    monkeypatch.setattr(server_process.os, "killpg", lambda *args: signalled.append(args))
+    server.stop()
+    assert signalled == []
