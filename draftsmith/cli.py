@@ -124,15 +124,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     methods = list(_csv(args.methods))
     single, named = _drafter_args(args.drafter or [])
-    for label in [""] if single else [label for label, _ in named]:
-        suffix = f"@{label}" if label else ""
+    suffixes = [""] if single else [f"@{label}" for label, _ in named]
+    for suffix in suffixes:
+        label = suffix[1:]
         if not any(m.startswith("drafter") and m.endswith(suffix) and (label or "@" not in m)
                    for m in methods):
             methods.append("drafter" + suffix)
     if args.baselines:
         methods += ["prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
-        for label in [""] if single else [label for label, _ in named]:
-            methods.append("drafter_lookup" + (f"@{label}" if label else ""))
+        methods += [f"drafter_lookup{suffix}" for suffix in suffixes]
         if args.datastore:
             methods += ["rest"]
         if args.draft_model:

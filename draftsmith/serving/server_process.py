@@ -91,17 +91,10 @@ class ServerProcess:
         if self.process is None or self._group_stopped:
             return  # a second call must not signal a group id the system may have reused
         group = self.process.pid
-        deadline = time.monotonic() + grace_seconds
-        if _signal_group(group, signal.SIGTERM):
-            while _group_alive(group) and time.monotonic() < deadline:
-                self.process.poll()  # reaps the main process once it exits
-                time.sleep(0.1)
-            if _group_alive(group):
-                _signal_group(group, signal.SIGKILL)
+        if _signal_group(group, signal.SIGTERM) and not _group_gone(group, grace_seconds):
+            _signal_group(group, signal.SIGKILL)
+            _group_gone(group, 10.0)
         self.process.wait()
-        deadline = time.monotonic() + 10.0
-        while _group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.05)
         self._group_stopped = True
 
     def __exit__(self, *exc) -> None:
@@ -114,6 +107,16 @@ def _signal_group(group: int, sig: int) -> bool:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):  # gone, or the id now names another's group
         return False
+    return True
+
+
+def _group_gone(group: int, seconds: float) -> bool:
+    """Wait up to `seconds` for every process of `group` to end; whether they all did."""
+    deadline = time.monotonic() + seconds
+    while _group_alive(group):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
     return True
 
 
