@@ -14,6 +14,7 @@ Every choice comes with its reason, printed once and recorded next to every meas
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import sys
 import time
@@ -34,6 +35,12 @@ REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_b
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # bf16 must beat float32 by this factor to be chosen (a tie keeps the exact float32)
 BF16_MARGIN = 0.9
+# DRAFTSMITH_BF16_PROBE=bf16|float32 stands in for the probe's answer on any CPU (bf16 measured 2x
+# faster on a CPU with native bf16, or 6x slower): the same choice on every machine, e.g. for a
+# test suite or a comparison run across CPU kinds; `measure` (or unset) measures this CPU
+PROBE_ENV = "DRAFTSMITH_BF16_PROBE"
+FORCED_PROBES = {"bf16": 0.5, "float32": 6.0}
+MEASURE = "measure"
 
 
 @dataclass(frozen=True)
@@ -124,12 +131,31 @@ def _time_matmul(dtype: torch.dtype, rows: int, inner: int, outer: int, budget_s
     return best
 
 
+def forced_probe() -> float | None:
+    """The bf16/fp32 ratio `DRAFTSMITH_BF16_PROBE` stands in for the probe with (None: unset).
+
+    Raises:
+        DraftsmithError: a value other than `bf16` or `float32`.
+    """
+    value = os.environ.get(PROBE_ENV, "").strip()
+    if value in ("", MEASURE):
+        return None
+    if value not in FORCED_PROBES:
+        raise DraftsmithError(f"{PROBE_ENV}={value!r}: use one of {', '.join(FORCED_PROBES)}, "
+                              f"{MEASURE} (or unset it) to measure this CPU")
+    return FORCED_PROBES[value]
+
+
 def measure_bf16_slowdown(hidden_size: int, intermediate_size: int, rows: int = 64,
                           budget_s: float = 0.15) -> float:
     """bf16 time / float32 time of a target-shaped linear (`rows` tokens, H -> I) on this CPU.
 
     Cached per machine, torch version and shape; one measurement costs well under a second.
+    `DRAFTSMITH_BF16_PROBE` answers in its place when set (`forced_probe`).
     """
+    forced = forced_probe()
+    if forced is not None:
+        return forced
     key = f"{machine_key()}|{rows}x{hidden_size}x{intermediate_size}"
     path = _probe_path()
     cached = read_json_dict(path)
@@ -180,6 +206,10 @@ def choose_dtype(requested: str, device: str | torch.device = "cpu", hidden_size
                            if requested != "auto" else f"{device.type}: float32")
     info = cpu_info()
     ratio = measure_bf16_slowdown(hidden_size, inter)
+    if requested == "auto" and forced_probe() is not None:
+        chosen = "bfloat16" if ratio < BF16_MARGIN else "float32"
+        return DtypeChoice(chosen, f"{PROBE_ENV}={os.environ[PROBE_ENV].strip()} stands in for "
+                           "this CPU's bf16 probe", ratio)
     if requested == "bfloat16":
         if ratio > 1 / BF16_MARGIN and "bf16" not in _warned:
             _warned.add("bf16")
@@ -195,7 +225,7 @@ def choose_dtype(requested: str, device: str | torch.device = "cpu", hidden_size
         return DtypeChoice("bfloat16", f"native bfloat16: bf16 matmul measured "
                            f"{_speed_words(ratio)} than float32", ratio)
     return DtypeChoice("float32", f"native bfloat16, but bf16 matmul measured {_speed_words(ratio)}"
-                       " than float32 for these shapes", ratio)
+                       f" than float32 for these shapes", ratio)
 
 
 def choose_mixed_precision(requested: str, device: str | torch.device = "cpu",

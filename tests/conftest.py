@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from draftsmith.precision import PROBE_ENV
 
 from tests.helpers.state import reset_accelerate
 from tests.helpers.tiny_targets import FAMILIES, tiny_target
+
+# dtype `auto` answers the same on every CPU kind: the bf16 probe answers float32 unless the run
+# sets DRAFTSMITH_BF16_PROBE itself (scripts/test.sh runs the fast selection again with `bf16`;
+# `measure` asks this CPU). Subprocesses the tests start inherit it.
+os.environ.setdefault(PROBE_ENV, "float32")
 
 
 @pytest.fixture(params=FAMILIES)

@@ -16,6 +16,7 @@ SAPPHIRE = CpuInfo("Intel Xeon Platinum 8480", frozenset({"avx2", "avx512f", "av
 def machine(monkeypatch, tmp_path):
     """Fake the CPU and the probe's bf16/fp32 ratio; the cache points at a temporary folder."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path))
+    monkeypatch.delenv(precision.PROBE_ENV, raising=False)
 
     def fake(info: CpuInfo, ratio: float):
         monkeypatch.setattr(precision, "cpu_info", lambda: info)
@@ -41,6 +42,27 @@ def test_native_bf16_that_measures_faster_picks_bf16(machine):
 def test_native_bf16_that_measures_slower_keeps_float32(machine):
     machine(SAPPHIRE, 1.3)
     assert choose_dtype("auto", "cpu", 64, 128).dtype == "float32"
+
+
+@pytest.mark.parametrize("forced, dtype", [("bf16", "bfloat16"), ("float32", "float32")])
+@pytest.mark.parametrize("cpu", [AVX2, SAPPHIRE])
+def test_forced_probe_gives_the_same_choice_on_every_cpu(machine, monkeypatch, forced, dtype, cpu):
+    machine(cpu, 48.0 if cpu is AVX2 else 0.4)
+    monkeypatch.setenv(precision.PROBE_ENV, forced)
+    choice = choose_dtype("auto", "cpu", 576, 1536)
+    assert choice.dtype == dtype
+    assert choice.reason == f"DRAFTSMITH_BF16_PROBE={forced} stands in for this CPU's bf16 probe"
+    assert choose_dtype("float32", "cpu").dtype == "float32"
+    monkeypatch.setenv(precision.PROBE_ENV, "measure")
+    assert choose_dtype("auto", "cpu", 576, 1536).dtype == ("float32" if cpu is AVX2 else "bfloat16")
+
+
+def test_forced_probe_with_an_unknown_answer_names_the_choices(machine, monkeypatch):
+    machine(AVX2, 48.0)
+    monkeypatch.setenv(precision.PROBE_ENV, "fast")
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_BF16_PROBE='fast': use one of bf16, "
+                       "float32, measure"):
+        choose_dtype("auto", "cpu", 576, 1536)
 
 
 def test_explicit_dtype_wins_and_bf16_on_a_slow_cpu_warns_once(machine, capsys):
