@@ -42,6 +42,7 @@ from draftsmith.eval.report import (
     format_batch_table,
     format_table,
     format_variant_table,
+    identical_lines,
     write_batch_plot,
     write_plots,
 )
@@ -210,8 +211,9 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     if not config.sampling.greedy:
         log("sampling: outputs differ from plain by design; the distribution is the target's")
     else:
-        log("identical to plain greedy output: " + ", ".join(
-            f"{m} {s / c:.0%}" for m, (s, c) in identical.items() if c))
+        dtype = target.dtype_choice.dtype if target.dtype_choice else config.dtype
+        for line in identical_lines(identical, dtype):
+            log(line)
     log(f"results: {json_path}; plots: {', '.join(str(p) for p in plots)}")
     if config.check_lossless:
         if check["failures"]:
@@ -221,4 +223,6 @@ def run_eval(config: EvalConfig, log=print) -> dict:
             "reproduce plain greedy decoding token for token (float32)" if check["greedy"] else
             f"draw their first tokens from the target's distribution ({check['test']}, "
             f"{check['samples']} draws per prompt, false-failure odds {check['level']:g})"))
+        for name, why in check.get("not_gated", {}).items():
+            log(f"lossless check: the {name} is not gated: {why}")
     return payload

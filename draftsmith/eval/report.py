@@ -152,3 +152,22 @@ def format_variant_table(variants: dict[str, dict]) -> str:
             else verified_output(name, info, loaded)
         lines.append(f"{name}: verified output is {text}")
     return "\n".join(lines)
+
+
+def identical_lines(identical: dict[str, tuple[int, int]], dtype: str) -> list[str]:
+    """The greedy run's footer: how often each method's output equals plain decoding's, and, when
+    a method parted from it outside float32, what that means and the command that checks it.
+
+    Args:
+        identical: method -> (outputs identical to plain, outputs compared).
+        dtype: the dtype the target decoded in.
+    """
+    lines = ["identical to plain greedy output: " + ", ".join(
+        f"{m} {s / c:.0%}" for m, (s, c) in identical.items() if c)]
+    if dtype != "float32" and any(s < c for s, c in identical.values()):
+        lines.append(f"  (in {dtype}, logits that nearly tie can rank differently in a multi-token "
+                     "verify than in plain decoding's one-token forward, so an output can part "
+                     "from plain decoding from its first new token on without a bug; the same "
+                     "run with --check-lossless decodes in float32 and requires every output "
+                     "identical)")
+    return lines

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from draftsmith.eval.metrics import RunRecord, acceptance_by_depth, summarize, summarize_all
+from draftsmith.eval.report import identical_lines
 
 
 def test_acceptance_by_depth_is_conditional_on_reaching_the_depth():
@@ -32,3 +33,14 @@ def test_speedup_is_relative_to_the_baseline_in_the_same_set():
     assert table["a"]["fast"]["speedup"] == 2.0 and table["b"]["fast"]["speedup"] == 1.0
     assert table["all"]["fast"]["speedup"] == pytest.approx(1.5)
     assert table["all"]["plain"]["tau"] is None and not math.isnan(table["all"]["plain"]["seconds"])
+
+
+def test_identical_footer_explains_a_bf16_difference_and_names_the_check():
+    same = {"drafter": (4, 4), "prompt_lookup": (4, 4)}
+    parted = {"drafter": (1, 4), "prompt_lookup": (4, 4)}
+    assert identical_lines(same, "bfloat16") == [
+        "identical to plain greedy output: drafter 100%, prompt_lookup 100%"]
+    assert len(identical_lines(parted, "float32")) == 1  # float32: the gate's business, no excuse
+    head, note = identical_lines(parted, "bfloat16")
+    assert head == "identical to plain greedy output: drafter 25%, prompt_lookup 100%"
+    assert "in bfloat16" in note and "without a bug" in note and "--check-lossless" in note

@@ -75,10 +75,27 @@ def test_speculation_over_int8_target_reproduces_its_plain_greedy(tied, scheme):
     runner = CausalLMRunner(quantized, output_hidden_states=True)
     for name, proposer in proposers.items():
         result = generate(runner, proposer, prompt, NEW)
-        assert result.tokens == reference, name
+        if copy.info["row_independent"]:
+            assert result.tokens == reference, name
+        else:  # dynamic int8 promises no equality with its one-token decoding (see below)
+            assert len(result.tokens) == NEW and set(result.tokens) <= set(range(128)), name
         assert max(result.depth_per_step) >= 1, f"{name} never drafted"
     chain = generate(runner, DraftModelProposer(target, 4), prompt, NEW)
     assert sum(chain.accepted_per_step) > 0  # the float target's drafts are mostly right
+
+
+def test_dynamic_int8_is_not_row_independent_and_weight_only_is():
+    """What the gate relies on: dynamic int8 quantizes a forward's activations with one scale over
+    all its rows, so a row computed with others differs from the same row alone (the lossless gate
+    exempts it); weight-only int8 gives each row the same result either way."""
+    target = tiny_target("llama")
+    x = torch.randn(6, target.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    x[5] *= 40  # one row with a large range moves the shared activation scale
+    for scheme, independent in (("int8", False), ("int8wo", True)):
+        linear = quantize_model(target, scheme).model.model.layers[0].mlp.up_proj
+        with torch.inference_mode():
+            together, alone = linear(x), torch.cat([linear(x[i:i + 1]) for i in range(6)])
+        assert torch.equal(together, alone) == independent, scheme
 
 
 def test_parse_target_quant():
@@ -134,12 +151,18 @@ def test_eval_runs_the_int8_target_side_by_side(setup, tmp_path, monkeypatch):
         assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["tau"] == 1.0
         for method in methods.split(",")[1:]:
             row = rows[method]
-            assert row["identical_to_plain"] == 1.0, (scheme, method)
+            assert 0 <= row["identical_to_plain"] <= 1
+            if scheme == "int8wo":  # row-independent: gated token for token
+                assert row["identical_to_plain"] == 1.0, (scheme, method)
             assert {"tau_drop", "acceptance_drop_by_depth", "speedup_vs_loaded_plain"} <= set(row)
             assert row["acceptance_by_depth"], method
         assert len(variants[scheme]["records"]) == 2 * len(rows)
-        assert f"drafter_dynamic ({scheme} target)" in payload["lossless_check"]["checked"]
-    assert not payload["lossless_check"]["failures"]
+    check = payload["lossless_check"]
+    assert "drafter_dynamic (int8wo target)" in check["checked"]
+    assert not any("(int8 target)" in name for name in check["checked"])
+    assert "by design" in check["not_gated"]["int8 target"]
+    assert "lossless check: the int8 target is not gated" in result.stdout
+    assert not check["failures"]
     assert payload["config"]["target_quant"] == ["none", "int8", "int8wo"]
     feature = [(model, hidden) for name, model, hidden in seen if name == "FeatureDrafterProposer"]
     kinds = {next((type(m).__name__ for m in model.modules() if isinstance(m, QUANTIZED_LINEAR)),
