@@ -1,12 +1,18 @@
-"""Checkpoints: resumable training state (accelerate) and the final drafter (safetensors + JSON).
+"""Checkpoints: resumable training state and the final drafter (safetensors + JSON).
 
-Both are written to a temporary folder and renamed, so a crash never leaves a checkpoint that
-looks complete but is not.
+A training-state checkpoint `checkpoints/step_N/` holds the model and optimizer (written by
+accelerate: safetensors, and a torch file that is only ever read back as tensors), each process's
+random generator states (safetensors) and `progress.json`: the step, the run's total steps, the
+scheduler's position and the run's record (settings, target and data fingerprints; see
+`resume.py`). It is written to `step_N.partial/`, `progress.json` last, and renamed, so a crash
+never leaves a checkpoint that looks complete but is not; older checkpoints beyond
+`train.keep_checkpoints` are deleted only after a newer one is complete.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -14,35 +20,79 @@ from pathlib import Path
 import torch
 
 from draftsmith.drafter_folder import write_drafter_folder
+from draftsmith.train.rng_state import rng_state_file, save_rng_state
+
+PROGRESS = "progress.json"
+CHECKPOINT_FORMAT = 2  # 1: accelerate's pickled scheduler state and no run record
+_COMPLETE_NAME = re.compile(r"step_(\d+)")
 
 
-def _state_dir(out_dir: Path) -> Path:
+def state_dir(out_dir: Path) -> Path:
+    """The folder of a run's training-state checkpoints."""
     return out_dir / "checkpoints"
+
+
+def complete_checkpoints(out_dir: Path) -> list[Path]:
+    """The run's complete checkpoints (`step_N` holding progress.json), oldest first; folders of
+    interrupted saves (`step_N.partial`) and other names are not checkpoints."""
+    found = []
+    for path in state_dir(out_dir).glob("step_*"):
+        match = _COMPLETE_NAME.fullmatch(path.name)
+        if match and (path / PROGRESS).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The newest complete training-state checkpoint, or None."""
-    folder = _state_dir(out_dir)
-    done = [p for p in folder.glob("step_*") if (p / "progress.json").is_file()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    done = complete_checkpoints(out_dir)
+    return done[-1] if done else None
 
 
-def save_state(accelerator, out_dir: Path, step: int, total_steps: int, planned: bool) -> Path:
-    """Model, optimizer, scheduler and RNG states plus the step (the data position) and the run's
-    total steps (fixed by `train.max_minutes`, so a resumed run keeps its schedule)."""
-    final = _state_dir(out_dir) / f"step_{step}"
+def remove_interrupted_saves(out_dir: Path) -> list[Path]:
+    """Delete the `*.partial` folders a killed save or deletion left behind; returns them."""
+    partial = sorted(state_dir(out_dir).glob("*.partial"))
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
+
+
+def save_state(accelerator, out_dir: Path, step: int, progress: dict,
+               keep: int | None = None) -> Path:
+    """Write checkpoint `step_N`: model and optimizer (accelerate), every process's random
+    generator states, then `progress.json` (the step plus `progress`: total steps, scheduler
+    position, the run's record). With `keep`, older complete checkpoints beyond the newest
+    `keep` are deleted once this one is complete."""
+    final = state_dir(out_dir) / f"step_{step}"
     tmp = final.with_name(final.name + ".partial")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    # accelerate also pickles the generator states; draftsmith keeps its own safetensors copy
+    (tmp / f"random_states_{accelerator.process_index}.pkl").unlink(missing_ok=True)
+    save_rng_state(rng_state_file(tmp, accelerator.process_index))
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / "progress.json").write_text(json.dumps(
-            {"step": step, "total_steps": total_steps, "planned": planned}) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
+        (tmp / PROGRESS).write_text(json.dumps(
+            {"format": CHECKPOINT_FORMAT, "step": step, **progress}) + "\n")
+        if final.exists():
+            _remove_checkpoint(final)
         tmp.replace(final)
+        if keep:
+            for old in complete_checkpoints(out_dir)[:-keep]:
+                _remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def _remove_checkpoint(path: Path) -> None:
+    """Rename to `.removing.partial` first (atomic), so a kill mid-deletion leaves no
+    complete-looking checkpoint, then delete."""
+    doomed = path.with_name(path.name + ".removing.partial")
+    shutil.rmtree(doomed, ignore_errors=True)
+    path.replace(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _custom_template(recipe) -> str | None:

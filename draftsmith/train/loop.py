@@ -1,8 +1,9 @@
 """The training loop: one loop for every drafter kind, on accelerate (CPU, one GPU, DDP or FSDP).
 
 Reads top to bottom: set up accelerate, load the frozen target, build the drafter from the
-registry, split the data, optionally resume, then per step compute the target's features (online)
-and the drafter's own loss. The loop never branches on the drafter kind.
+registry, split the data, optionally resume (the same run only, see resume.py), then per step
+compute the target's features (online) and the drafter's own loss. The loop never branches on the
+drafter kind.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from draftsmith.precision import choose_mixed_precision
 from draftsmith.registry import cached_features, get_spec, target_features
 from draftsmith.train.batching import collate, epoch_order, split_examples
 from draftsmith.train.budget import CALIBRATION_STEPS, StepSchedule, steps_for_budget
-from draftsmith.train.checkpoint import latest_checkpoint, save_drafter, save_state
+from draftsmith.train.checkpoint import save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
 from draftsmith.train.recipe import Recipe
+from draftsmith.train.resume import (
+    check_same_run,
+    find_resume_checkpoint,
+    load_checkpoint,
+    read_progress,
+    run_record,
+    scheduler_state,
+)
 
 
 def make_accelerator(recipe: Recipe):
@@ -138,9 +147,10 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
                              trust_remote_code=recipe.target.trust_remote_code).model
     target.requires_grad_(False).eval().to(accelerator.device)
+    record = run_record(recipe, target, examples, accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
     if spec.uses_draft_vocab:
-        install_draft_vocab(drafter, draft_vocab, accelerator)
+        install_draft_vocab(drafter, draft_vocab, target.config.get_text_config().vocab_size)
     drafter.init_from_target(target)
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = spec.trains_target(drafter_config)
@@ -162,20 +172,24 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)
     # The schedule counts optimizer steps. A prepared scheduler would step once per process
-    # (accelerate's sample-based convention), so it is stepped here and checkpointed explicitly.
-    accelerator.register_for_checkpointing(scheduler)
+    # (accelerate's sample-based convention), so it is stepped here, and its position is saved in
+    # progress.json (accelerate's custom-object checkpoints are pickles it loads unguarded).
+    # Each DataLoader gets its own generator: iterating one otherwise draws a seed from the global
+    # RNG, so an evaluation or a resume mid-epoch would shift the training noise (inexact resume).
     eval_loader = accelerator.prepare(DataLoader(
-        eval_set, batch_size=cfg.batch_size, collate_fn=lambda b: collate(b, cfg.max_length)))
+        eval_set, batch_size=cfg.batch_size, collate_fn=lambda b: collate(b, cfg.max_length),
+        generator=torch.Generator()))
 
-    step = 0
-    resume = latest_checkpoint(out_dir)
-    if resume is not None:
-        accelerator.load_state(str(resume))
-        progress_state = json.loads((resume / "progress.json").read_text())
+    step, progress_state = 0, {}
+    resume = find_resume_checkpoint(accelerator, out_dir)
+    if resume is not None:  # a refused resume changes nothing (the metrics log is cut after)
+        progress_state = read_progress(resume)
+        check_same_run(resume, progress_state, record)
+        load_checkpoint(accelerator, resume, scheduler, progress_state)
         step = progress_state["step"]
-        schedule.total = progress_state.get("total_steps", cfg.max_steps)
+        schedule.total = progress_state["total_steps"]
         accelerator.print(f"resuming from {resume} at step {step} of {schedule.total}")
-    planned = cfg.max_minutes is None or (resume is not None and progress_state.get("planned"))
+    planned = cfg.max_minutes is None or progress_state.get("planned", False)
 
     if cfg.wandb:
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
@@ -192,7 +206,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         order = epoch_order(len(train_set), cfg.seed, epoch)
         loader = accelerator.prepare(DataLoader(
             [train_set[i] for i in order], batch_size=cfg.batch_size, drop_last=True,
-            collate_fn=lambda b: collate(b, cfg.max_length)))
+            collate_fn=lambda b: collate(b, cfg.max_length), generator=torch.Generator()))
         skip = micro_done - epoch * micro_per_epoch
         if skip:
             loader = accelerator.skip_first_batches(loader, skip)
@@ -233,7 +247,10 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
             if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
                 log.write({"step": step, **evaluate(model, eval_loader, accelerator)})
             if cfg.save_every and step % cfg.save_every == 0 and step < schedule.total:
-                save_state(accelerator, out_dir, step, schedule.total, bool(planned))
+                save_state(accelerator, out_dir, step,
+                           {"total_steps": schedule.total, "planned": bool(planned),
+                            "scheduler": scheduler_state(scheduler), "run": record},
+                           keep=cfg.keep_checkpoints)
             if step >= schedule.total:
                 break
     progress.close()
@@ -273,11 +290,16 @@ def _plan_steps(accelerator, cfg, step: int, elapsed: float, first: tuple[int, f
     return total
 
 
-def install_draft_vocab(drafter, vocab, accelerator) -> None:
-    """Give an EAGLE-3 drafter the data's draft vocabulary (before its head is initialised)."""
+def install_draft_vocab(drafter, vocab, target_vocab_size: int) -> None:
+    """Give an EAGLE-3 drafter the data's draft vocabulary (before its head is initialised).
+
+    Raises:
+        DraftsmithError: no vocabulary while the drafter drafts over fewer tokens than the target
+            has (its first Vd ids would be arbitrary tokens), or one of another size.
+    """
     if vocab is None:
-        accelerator.print("warning: no draft vocabulary in the data (data.draft_vocab_size); "
-                          "the drafter uses the first Vd target ids")
+        if drafter.draft_vocab_size < target_vocab_size:
+            raise DraftsmithError(missing_draft_vocab(drafter.draft_vocab_size, target_vocab_size))
         return
     if vocab.d2t.numel() != drafter.draft_vocab_size:
         raise DraftsmithError(
@@ -291,3 +313,21 @@ def _progress_bar(accelerator, total: int, initial: int):
 
     return tqdm(total=total, initial=initial, desc="train", unit="step",
                 disable=not accelerator.is_main_process)
+
+
+def missing_draft_vocab(draft_vocab_size: int, target_vocab_size: int,
+                        tokenized: bool = False) -> str:
+    """The error for a reduced draft vocabulary that the data does not provide."""
+    counts = "counts the most frequent trained tokens into DATA_OUT_DIR/draft_vocab.safetensors"
+    if tokenized:
+        fix = ("pre-tokenized data (data.tokenized) carries none; prepare the data with "
+               f"`draftsmith data run --config DATA_RECIPE` (see recipes/data/) and "
+               f"data.draft_vocab_size: {draft_vocab_size}, which {counts}, and train from that "
+               "data section instead")
+    else:
+        fix = (f"the recipe builds none; add `draft_vocab_size: {draft_vocab_size}` to its data "
+               "section, so that the data pipeline (`draftsmith data run`, which `draftsmith "
+               f"train` runs first) {counts}")
+    return (f"drafter.draft_vocab_size={draft_vocab_size} of the target's {target_vocab_size:,} "
+            f"tokens needs a draft vocabulary (which tokens the drafter proposes), but {fix}; or "
+            f"set drafter.draft_vocab_size: {target_vocab_size} to draft over every token")

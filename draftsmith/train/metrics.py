@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_atomic
 
 
@@ -32,11 +33,32 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop rows of steps after `step` (a run resumed from a checkpoint at `step` writes them
-        again, so each step has one row)."""
+        again, so each step has one row) and a half-written last line (a run killed while
+        writing it), saying so.
+
+        Raises:
+            DraftsmithError: any other line is not a JSON object with a numeric step.
+        """
         if not self.accelerator.is_main_process or not self.path.is_file():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
+        keep = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            row = _json_object(line)
+            if row is None and number == len(lines) and not text.endswith("\n"):
+                self.accelerator.print(f"{self.path}: dropped its half-written last line (a run "
+                                       "was killed while writing it)")
+                continue
+            if row is None or not isinstance(row.get("step", 0), (int, float)):
+                raise DraftsmithError(
+                    f"{self.path}:{number} is not a metrics row ({line[:80]!r}); the log is "
+                    "damaged: delete that line, or the whole file (it is only a log; the training "
+                    "state is in the checkpoints), and run again")
+            if row.get("step", 0) <= step:
+                keep.append(line)
         write_atomic(self.path, lambda tmp: tmp.write_text("".join(f"{k}\n" for k in keep)))
 
     def write(self, row: dict) -> None:
@@ -44,3 +66,11 @@ class MetricsLog:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
         self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row.get("step"))
+
+
+def _json_object(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None

@@ -63,7 +63,13 @@ class TrainSection:
         clip: gradient norm clip (0 disables).
         mixed_precision: "auto" (bf16 where the hardware runs it fast, by the same measurement as
             `target.dtype: auto`), "no", "bf16" or "fp16" (accelerate autocast).
-        save_every: optimizer steps between resumable checkpoints (0 = only at the end).
+        save_every: optimizer steps between resumable checkpoints (0 = only at the end). A run
+            resumes from its newest complete checkpoint in `output_dir` only with the settings,
+            target, data and number of processes it started with (otherwise it stops, naming what
+            changed); only save_every, eval_every, keep_checkpoints, the wandb settings and the
+            paths may change. To train longer, start a new run.
+        keep_checkpoints: how many of the newest checkpoints to keep; older ones are deleted once
+            a newer one is complete (0 or null = keep all).
         eval_every: optimizer steps between held-out evaluations (0 = only at the end).
         eval_fraction: share of the data held out for accuracy / simulated acceptance.
         seed: seed for data order, init and noise.
@@ -87,6 +93,7 @@ class TrainSection:
     clip: float = 0.5
     mixed_precision: str = "auto"
     save_every: int = 0
+    keep_checkpoints: int | None = 3
     eval_every: int = 0
     eval_fraction: float = 0.05
     seed: int = 0
@@ -115,6 +122,9 @@ class TrainSection:
         for name in ("save_every", "eval_every", "warmup_steps", "seed"):
             if getattr(self, name) < 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
+            raise DraftsmithError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1 "
+                                  "(keep that many newest checkpoints), or 0 or null to keep all")
         if not 0 <= self.eval_fraction < 1:
             raise DraftsmithError(f"train.eval_fraction={self.eval_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:

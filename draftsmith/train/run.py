@@ -145,6 +145,28 @@ def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
                                    extras=("target_argmax",)))
 
 
+def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
+    """Before the data pipeline runs: a drafter with a reduced draft vocabulary (EAGLE-3) needs
+    the data to count one of its size; its first Vd target ids would be arbitrary tokens.
+
+    Raises:
+        DraftsmithError: the data builds no draft vocabulary, or one of another size.
+    """
+    from draftsmith.registry import get_spec
+    from draftsmith.train.loop import missing_draft_vocab
+
+    if not get_spec(recipe.kind).uses_draft_vocab:
+        return
+    wanted = min(recipe.drafter_config().draft_vocab_size, vocab_size)
+    tokenized = "tokenized" in recipe.data
+    built = None if tokenized else data_recipe(recipe).data.draft_vocab_size
+    if built is None and wanted < vocab_size:
+        raise DraftsmithError(missing_draft_vocab(wanted, vocab_size, tokenized))
+    if built is not None and built != wanted:
+        raise DraftsmithError(f"data.draft_vocab_size={built} differs from "
+                              f"drafter.draft_vocab_size={wanted}; set both to the same value")
+
+
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:
     """Load and validate the recipe, build the data, train; returns the final drafter folder."""
     import torch.distributed as dist
@@ -159,6 +181,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     try:
         target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
                              trust_remote_code=recipe.target.trust_remote_code)
+        check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
                             draft_vocab=vocab)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith.registry import DRAFTERS
+from draftsmith.registry import DRAFTERS, get_spec
 
 # the fewest heads / modules / TTT steps that still exercise every code path of the kind
 SMALL = {"medusa": {"num_heads": 2}, "mtp": {"num_modules": 2},
@@ -33,3 +33,18 @@ def training_cases() -> list:
             cases.append(pytest.param(kind, {**small_settings(kind), **extra},
                                       id=f"{kind}-{name}"))
     return cases
+
+
+def training_vocab(kind: str, settings: dict, target, examples: list[dict]):
+    """The draft vocabulary a drafter of `kind` trains with, counted from the loss-masked tokens of
+    `examples` as the data pipeline counts it without a cache; None for kinds without one."""
+    from draftsmith.data.draft_vocab import build_draft_vocab, token_counts
+    from draftsmith.data.render import RenderedSample
+
+    spec = get_spec(kind)
+    if not spec.uses_draft_vocab:
+        return None
+    samples = [RenderedSample(e["input_ids"], e["loss_mask"]) for e in examples]
+    vocab_size = target.config.vocab_size
+    size = min(spec.make_config(settings).draft_vocab_size, vocab_size)
+    return build_draft_vocab(token_counts(samples, vocab_size), size)

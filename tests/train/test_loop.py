@@ -15,7 +15,7 @@ from draftsmith.train import metrics as metrics_module
 from draftsmith.train.loop import run_training
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
-from tests.helpers.drafters import small_settings, training_cases
+from tests.helpers.drafters import small_settings, training_cases, training_vocab
 from tests.helpers.state import reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
 
@@ -46,10 +46,14 @@ def test_every_kind_trains_and_saves(kind, settings, tmp_path):
     target = tiny_target("llama")
     target_before = {n: p.clone() for n, p in target.named_parameters()}
     recipe = recipe_for(kind, tmp_path, settings)
-    out = run_training(recipe, examples(), target=target)
+    vocab = training_vocab(kind, settings, target, examples())
+    out = run_training(recipe, examples(), target=target, draft_vocab=vocab)
     weights = load_file(out / "model.safetensors")
     set_seed(recipe.train.seed)  # the drafter the loop started from
     start = get_spec(kind).build(target.config, recipe.drafter_config())
+    if vocab is not None:
+        start.set_draft_vocab(vocab.d2t, vocab.t2d)
+        assert torch.equal(weights["d2t"], vocab.d2t) and torch.equal(weights["t2d"], vocab.t2d)
     start.init_from_target(target)
     for name, param in start.named_parameters():
         moved = not torch.equal(weights[name], param.detach())

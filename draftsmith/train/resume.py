@@ -1,0 +1,237 @@
+"""Resuming a run from its newest checkpoint without mixing runs or running code from a file.
+
+A checkpoint records the run it belongs to (`run_record`): the recipe's settings, the target's
+fingerprint (config and weights, as the data cache records them), the training data's fingerprint
+and the number of processes. A resumed run must match it, except in the settings that only decide
+what is logged and written where (`FREE_SETTINGS`); otherwise it stops before loading anything,
+naming what changed and the fix. Loading never unpickles anything but tensors and plain values:
+every torch file in the folder is first read with `torch.load(weights_only=True)`, the scheduler's
+position is JSON and the random generators' states are safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.checkpoint import (
+    CHECKPOINT_FORMAT,
+    PROGRESS,
+    latest_checkpoint,
+    remove_interrupted_saves,
+)
+from draftsmith.train.rng_state import load_rng_state, rng_state_file
+
+# Settings a resumed run may change: what is logged, how often it is saved and where things are.
+# The target's and the data's paths may change (a moved folder): their fingerprints are checked.
+FREE_SETTINGS = frozenset({
+    "train.save_every", "train.eval_every", "train.keep_checkpoints", "train.output_dir",
+    "train.wandb", "train.wandb_project", "target.name", "target.trust_remote_code",
+    "data.tokenized", "data.out_dir",
+})
+_SAFE_SUFFIXES = (".json", ".safetensors")
+
+
+def examples_sha256(examples: list[dict]) -> str:
+    """Fingerprint of the training data: every example's input_ids and loss_mask, in order."""
+    digest = hashlib.sha256()
+    for example in examples:
+        for key in ("input_ids", "loss_mask"):
+            values = torch.as_tensor(example[key], dtype=torch.int64).reshape(-1)
+            digest.update(values.numel().to_bytes(8, "little"))
+            digest.update(values.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def run_record(recipe, target, examples: list[dict], num_processes: int) -> dict:
+    """What a checkpoint of this run records about it (JSON): settings, target, data, processes."""
+    from draftsmith.data.identity import config_sha256, weights_sha256
+
+    settings = json.loads(json.dumps(recipe.to_dict(), default=str))
+    return {"settings": _flatten(settings),
+            "target": {"name": recipe.target.name, "config_sha256": config_sha256(target.config),
+                       "weights_sha256": weights_sha256(target)},
+            "data": {"examples": len(examples), "sha256": examples_sha256(examples)},
+            "num_processes": num_processes}
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def find_resume_checkpoint(accelerator, out_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `out_dir`, after the main process deleted what killed
+    saves left behind (`step_N.partial`)."""
+    if accelerator.is_main_process:
+        removed = remove_interrupted_saves(out_dir)
+        if removed:
+            accelerator.print(f"removed {len(removed)} interrupted checkpoint save(s): "
+                              f"{', '.join(p.name for p in removed)}")
+    accelerator.wait_for_everyone()
+    return latest_checkpoint(out_dir)
+
+
+def _start_over(folder: Path) -> str:
+    return (f"delete {folder} to resume from an earlier checkpoint, or delete {folder.parent} to "
+            "start the run over")
+
+
+def read_progress(folder: Path) -> dict:
+    """The checked `progress.json` of a checkpoint folder.
+
+    Raises:
+        DraftsmithError: not JSON, written by an older draftsmith, or a field is malformed.
+    """
+    path = folder / PROGRESS
+    try:
+        progress = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DraftsmithError(f"{path} is not readable JSON ({err}); "
+                              f"{_start_over(folder)}") from None
+    if not isinstance(progress, dict) or progress.get("format") != CHECKPOINT_FORMAT:
+        raise DraftsmithError(
+            f"{folder} was written by an older draftsmith: its scheduler state is a pickle and it "
+            "records no settings to check this run against, so it is not resumed; delete "
+            f"{folder.parent} to start the run over (or finish it with the draftsmith version that "
+            "started it)")
+    step, total = progress.get("step"), progress.get("total_steps")
+    fields_ok = (isinstance(step, int) and isinstance(total, int) and 0 <= step <= total
+                 and isinstance(progress.get("planned"), bool)
+                 and isinstance(progress.get("scheduler"), dict)
+                 and isinstance(progress.get("run"), dict))
+    if not fields_ok:
+        raise DraftsmithError(f"{path} lacks or has malformed fields (step, total_steps, planned, "
+                              f"scheduler, run); {_start_over(folder)}")
+    return progress
+
+
+def check_same_run(folder: Path, progress: dict, record: dict) -> None:
+    """Refuse to resume `folder` with other settings, another target, other data or another
+    number of processes than the run that wrote it.
+
+    Raises:
+        DraftsmithError: naming each difference and how to resume or start a new run.
+    """
+    saved = progress["run"]
+    new_run = (f"or start a new run with another train.output_dir (or delete {folder.parent} to "
+               "start this one over)")
+    then, now = saved.get("settings") or {}, record["settings"]
+    missing = "(unset)"
+    changed = [key for key in sorted(set(then) | set(now)) if key not in FREE_SETTINGS
+               and then.get(key, missing) != now.get(key, missing)]
+    if changed:
+        differences = "; ".join(f"{key}={_show(now.get(key, missing))} here but "
+                                f"{_show(then.get(key, missing))} in that run" for key in changed)
+        back = " ".join(f"{key}={_show(then.get(key, missing))}" for key in changed)
+        note = (" (a run's learning-rate schedule is fixed by its total steps when it starts)"
+                if "train.max_steps" in changed else "")
+        raise DraftsmithError(f"{folder} belongs to a run with other settings: {differences}"
+                              f"{note}; set {back} to resume it, {new_run}")
+    target_then, target_now = saved.get("target") or {}, record["target"]
+    if any(target_then.get(k) != target_now[k] for k in ("config_sha256", "weights_sha256")):
+        raise DraftsmithError(
+            f"{folder} was trained against another target ({target_then.get('name')}, weights "
+            f"{str(target_then.get('weights_sha256'))[:12]}) than this run's "
+            f"({target_now['name']}, weights {target_now['weights_sha256'][:12]}); resume it with "
+            f"the target it started with, {new_run}")
+    data_then, data_now = saved.get("data") or {}, record["data"]
+    if data_then.get("sha256") != data_now["sha256"]:
+        same_count = data_then.get("examples") == data_now["examples"]
+        raise DraftsmithError(
+            f"{folder} was trained on other data than this run's ({data_then.get('examples')} "
+            f"examples then, {data_now['examples']} now{', other tokens' if same_count else ''}): "
+            f"the data changed since the run started; resume it with the data it started with, "
+            f"{new_run}")
+    if saved.get("num_processes") != record["num_processes"]:
+        raise DraftsmithError(
+            f"{folder} was written by a run on {saved.get('num_processes')} process(es) and this "
+            f"one has {record['num_processes']}: the global batch and the data position depend on "
+            f"it; launch with --num_processes {saved.get('num_processes')} to resume it, "
+            f"{new_run}")
+
+
+def _show(value) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) or value is None else str(value)
+
+
+def verify_torch_files(folder: Path) -> None:
+    """Read every file of a checkpoint that is not JSON or safetensors with
+    `torch.load(weights_only=True)` (memory-mapped, so cheap) before accelerate reads it: a file
+    holding any other pickled object stops the resume and is never unpickled.
+
+    Raises:
+        DraftsmithError: naming the file, for pickled objects, damage, or accelerate's custom
+            objects (`custom_checkpoint_*.pkl`, which it would unpickle without that guard).
+    """
+    fix = _start_over(folder)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.name.endswith(_SAFE_SUFFIXES):
+            continue
+        if path.suffix == ".distcp" or path.name == ".metadata":
+            raise DraftsmithError(f"{folder} is a sharded FSDP checkpoint, whose metadata is a "
+                                  "pickle that draftsmith does not load; train with "
+                                  "fsdp_state_dict_type: FULL_STATE_DICT (recipes/accelerate/"
+                                  f"fsdp.yaml), and {fix}")
+        if path.name.startswith("custom_checkpoint_"):
+            raise DraftsmithError(f"{path} is not part of a draftsmith checkpoint (accelerate "
+                                  f"would unpickle it, running any code it holds); {fix}")
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+            named = f" (it calls {found.group(1)})" if found else ""
+            raise DraftsmithError(
+                f"{path} holds pickled objects other than tensors{named}; draftsmith never "
+                f"unpickles those from a checkpoint (they can run code); {fix}") from None
+        except (RuntimeError, OSError, EOFError, ValueError) as err:
+            reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+            raise DraftsmithError(f"{path} is damaged or not a torch file ({reason}); "
+                                  f"{fix}") from None
+
+
+def load_checkpoint(accelerator, folder: Path, scheduler, progress: dict) -> None:
+    """Restore model, optimizer, scheduler and random generators from a checked checkpoint.
+
+    Raises:
+        DraftsmithError: a file is damaged, pickles objects, or does not fit this run.
+    """
+    from safetensors import SafetensorError
+
+    verify_torch_files(folder)
+    try:
+        accelerator.load_state(str(folder), load_kwargs={"weights_only": True})
+    except (RuntimeError, ValueError, KeyError, OSError, EOFError, SafetensorError,
+            pickle.UnpicklingError) as err:
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise DraftsmithError(f"{folder} does not fit this run's drafter and optimizer or is "
+                              f"damaged ({reason}); {_start_over(folder)}") from None
+    _restore_scheduler(scheduler, progress["scheduler"], folder)
+    load_rng_state(rng_state_file(folder, accelerator.process_index))
+
+
+def scheduler_state(scheduler) -> dict:
+    """The scheduler's position as JSON values (its schedule is rebuilt from the recipe)."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+
+
+def _restore_scheduler(scheduler, saved: dict, folder: Path) -> None:
+    current = scheduler_state(scheduler)
+    common = {k: saved[k] for k in current if k in saved}
+    if "last_epoch" not in common or any(type(v) is not type(current[k])
+                                         for k, v in common.items()):
+        raise DraftsmithError(f"{folder / PROGRESS}: its scheduler state {saved} is malformed; "
+                              f"{_start_over(folder)}")
+    scheduler.load_state_dict({**common, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+
