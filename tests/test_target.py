@@ -79,6 +79,29 @@ def test_bad_paths_are_clear_errors(spec, match):
         load_target(spec)
 
 
+@pytest.mark.parametrize("name", ["notes.txt", "model", "weights.safetensors"])
+def test_existing_file_that_is_no_target_is_named_as_such(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text("not a model\n")
+    for spec in (str(tmp_path / name), name):  # absolute, and relative as a user types it
+        with pytest.raises(DraftsmithError) as err:
+            load_target(spec)
+        message = str(err.value)
+        assert (f"target {spec} exists but is a file that is neither a transformers folder, a "
+                ".gguf file, an offline model name nor a Hub id") in message
+        assert "does not exist" not in message
+        assert "an offline model name (`draftsmith models list`), a .gguf file, a transformers " \
+               "folder holding config.json, or a Hugging Face Hub id ORG/NAME" in message
+
+
+@pytest.mark.parametrize("spec", ["org/bad--name", "org/name-", "my model"])
+def test_name_that_is_no_hub_id_lists_the_target_forms(spec):
+    with pytest.raises(DraftsmithError, match=rf"target {spec!r} is not a file or folder here, an "
+                                              r"offline model name nor a valid Hub id; the target "
+                                              r"is an offline model name"):
+        load_target(spec)
+
+
 def test_folder_without_config_is_rejected(tmp_path):
     with pytest.raises(DraftsmithError, match=r"without config\.json"):
         load_target(str(tmp_path))

@@ -74,7 +74,7 @@ def open_regeneration_server(
                             retries=settings.retries, extra_body=settings.extra_body)
         record.update(check_serves_target(server, model, tokenizer, template, target_spec))
         record.update({"model": server.model, "servers": len(urls), "endpoint": server.endpoint})
-        log(f"server {urls[0]}{f' (+{len(urls) - 1} more)' if len(urls) > 1 else ''} serves "
+        log(f"server {server.shown(0)}{f' (+{len(urls) - 1} more)' if len(urls) > 1 else ''} serves "
             f"{server.model}: tokenizer {record['tokenizer']}, "
             f"template {record.get('template', 'not used (completions)')}, greedy agreement "
             f"with the target {record['greedy_agreement']:.1%}")

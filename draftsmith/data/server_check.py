@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.data.render import prompt_ids, render_text
-from draftsmith.data.server_client import AGREEMENT_PROMPTS, PROBE, ChatServer
+from draftsmith.data.server_client import AGREEMENT_PROMPTS, PROBE, ChatServer, RequestRefused
 from draftsmith.errors import DraftsmithError
 
 MIN_AGREEMENT = 0.8
@@ -33,7 +33,7 @@ def check_serves_target(server: ChatServer, model, tokenizer, template: str, nam
     Raises:
         DraftsmithError: a check failed; the message says which and how to fix it.
     """
-    where = f"the server at {server.base_urls[0]} (model {server.model!r})"
+    where = f"the server at {server.shown(0)} (model {server.model!r})"
     fix = (f"point data.regenerate.base_url at a server that runs {name}, or set target.name to "
            "the model the server runs")
     text = render_text(tokenizer, PROBE, template, generation_prompt=True)
@@ -48,7 +48,11 @@ def check_serves_target(server: ChatServer, model, tokenizer, template: str, nam
             f"it serves another model. {fix}")
     record = {"tokenizer": "same ids" if served is not None else "no /tokenize route"}
     if server.endpoint == "chat":
-        counted = _chat_prompt_tokens(server)
+        try:
+            counted = server.prompt_tokens(PROBE)
+        except RequestRefused as err:
+            raise DraftsmithError(f"the server at {server.shown(0)} refused a probe request: "
+                                  f"{err.reply_error}") from None
         if counted is not None and counted != len(local):
             raise DraftsmithError(
                 f"{where} renders the probe conversation as {counted} tokens where the target's "
@@ -66,13 +70,6 @@ def check_serves_target(server: ChatServer, model, tokenizer, template: str, nam
     return record
 
 
-def _chat_prompt_tokens(server: ChatServer) -> int | None:
-    response = server.clients[0].chat.completions.create(
-        model=server.model, messages=PROBE, max_tokens=1, temperature=0.0,
-        extra_body=server.extra_body or None)
-    return response.usage.prompt_tokens if response.usage else None
-
-
 @torch.inference_mode()
 def greedy_agreement(server: ChatServer, model, tokenizer, template: str) -> float:
     """Fraction of the server's greedy answer tokens that are the target's argmax given the same
@@ -85,7 +82,7 @@ def greedy_agreement(server: ChatServer, model, tokenizer, template: str) -> flo
         reply = server.complete(i, messages, prompt, max_tokens=AGREEMENT_TOKENS,
                                 temperature=0.0, top_p=1.0, seed=None)
         if reply.error:
-            raise DraftsmithError(f"the server at {server.base_urls[0]} refused a probe request: "
+            raise DraftsmithError(f"the server at {server.shown(0)} refused a probe request: "
                                   f"{reply.error}")
         answer = tokenizer(reply.text, add_special_tokens=False).input_ids[:AGREEMENT_TOKENS]
         if not answer:

@@ -221,6 +221,8 @@ def read_hf_dataset(spec: str, split: str) -> Iterable[dict]:
     import datasets
 
     path = Path(spec).expanduser()
+    if not path.is_dir():
+        require_hub_dataset(spec, split)
     try:
         if path.is_dir() and ((path / "dataset_info.json").is_file()
                               or (path / "dataset_dict.json").is_file()):
@@ -248,6 +250,32 @@ def read_hf_dataset(spec: str, split: str) -> Iterable[dict]:
         raise DraftsmithError(
             f"could not load dataset {spec!r} (split {split!r}): {err}. {hint}."
         ) from err
+
+
+def require_hub_dataset(spec: str, split: str) -> None:
+    """Check a Hub dataset id and that its Hub answers, in seconds (`datasets` retries a silent
+    Hub for half a minute and more); with `HF_HUB_OFFLINE` set, `datasets` reads its cache.
+
+    Raises:
+        DraftsmithError: not a valid dataset id, or the Hub does not answer (names the endpoint
+            and the offline sources).
+    """
+    from draftsmith.target import hub_endpoint, hub_offline, hub_probe_failure, is_hub_id
+
+    offline = ("Without a network use a local .json/.jsonl file or folder, or `sharegpt` for the "
+               "offline ShareGPT set")
+    if not is_hub_id(spec):
+        raise DraftsmithError(
+            f"data source {spec!r} is not a file or folder here nor a valid Hub dataset id "
+            f"(ORG/NAME); pass a .json/.jsonl file, a folder, `sharegpt`, or a Hub dataset id")
+    if hub_offline():
+        return
+    failure = hub_probe_failure(f"/api/datasets/{spec}")
+    if failure is not None:
+        raise DraftsmithError(
+            f"could not load dataset {spec!r} (split {split!r}): the Hugging Face Hub at "
+            f"{hub_endpoint()} is unreachable ({failure}). {offline}; a dataset loaded before "
+            "is read from the cache with HF_HUB_OFFLINE=1.")
 
 
 def read_source_records(source: str, split: str = "train") -> Iterable[dict]:

@@ -52,8 +52,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if missing:
         raise DraftsmithError(f"`draftsmith export` needs {', '.join(missing)} (or --check DIR "
                               "--target T to validate an export)")
+    if args.allow_base_model_mismatch and not args.base_model:
+        raise DraftsmithError("--allow-base-model-mismatch only applies with --base-model ORG/NAME; "
+                              "drop it or name the base model")
     options = ExportOptions(base_model=args.base_model, dtype=args.dtype,
-                            skip_frozen=args.skip_frozen)
+                            skip_frozen=args.skip_frozen,
+                            allow_base_model_mismatch=args.allow_base_model_mismatch)
     if args.target_dir and args.format != "gguf":
         raise DraftsmithError("--target-dir is for --format gguf (llama.cpp's converter reads the "
                               "target's folder); drop it")
@@ -87,12 +91,17 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--eval-json", help="eval.json of `draftsmith eval --drafter CKPT`: its "
                         "measured results go into the model card")
     parser.add_argument("--base-model", help="Hub id of the target written into the configs and "
-                        "card (default: from the training target)")
+                        "card (default: from the training target); another model than the one "
+                        "the drafter was trained for is refused")
+    parser.add_argument("--allow-base-model-mismatch", action="store_true",
+                        help="accept a --base-model other than the drafter's training target "
+                        "(e.g. a quantized re-upload of it; its sizes are still checked)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="cast the weights (default: keep the checkpoint's dtype)")
     parser.add_argument("--skip-frozen", action="store_true",
                         help="leave out frozen copies of the target's embedding / head")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a previous export in --out (never another folder)")
     parser.add_argument("--target-dir", help="--format gguf: the target's Hugging Face folder "
                         "(config + tokenizer) for llama.cpp's converter (default: the training "
                         "target's, if it is an offline model or a local folder)")

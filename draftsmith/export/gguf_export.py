@@ -75,7 +75,13 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     from draftsmith.export.formats import formats_for_kind
     from draftsmith.export.gguf import convert_eagle3_to_gguf
     from draftsmith.export.source import base_model_id, read_checkpoint
-    from draftsmith.export.write import CARD, check_out_folder, export_drafter
+    from draftsmith.export.write import (
+        CARD,
+        check_base_model,
+        check_out_folder,
+        export_drafter,
+        partial_folder,
+    )
 
     options = options or ExportOptions()
     ckpt = read_checkpoint(checkpoint)
@@ -84,10 +90,12 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
                               f"{ckpt.folder} is a {ckpt.kind} drafter; use --format "
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
     out = Path(out)
-    check_out_folder(out, overwrite)
+    check_out_folder(out, overwrite, source=ckpt.folder)
+    if options.base_model:
+        check_base_model(options.base_model, ckpt, options.allow_base_model_mismatch)
     eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
     hf_dir = target_hf_dir(ckpt.meta.get("target"), target_dir)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = partial_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:

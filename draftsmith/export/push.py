@@ -18,7 +18,63 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.load import is_exported_folder
 from draftsmith.export.weights import PICKLE_SUFFIXES, read_json
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+# git's rules for a ref name (`git check-ref-format --branch`), which the Hub's git applies
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+_COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
+MAX_REF_PART_BYTES = 255  # a ref part is a file name in the Hub's git repository
+
+
+def check_repo_id(repo_id: str) -> None:
+    """`--repo-id` must be `USER/NAME` or `ORG/NAME` by the Hub's rules (huggingface_hub's own
+    `validate_repo_id`: 1-96 characters of letters, digits, `-`, `_`, `.`; no `--` or `..`; no `-`
+    or `.` first or last; not ending in `.git`).
+
+    Raises:
+        DraftsmithError: naming the value, the rule it breaks and the form to use.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    form = ("USER/NAME or ORG/NAME: each 1-96 letters, digits, '-', '_' or '.', no '--' or '..', "
+            "not starting or ending with '-' or '.', e.g. alice/smollm2-eagle3")
+    if repo_id.count("/") != 1:
+        raise DraftsmithError(f"--repo-id {repo_id!r} must look like {form} (exactly one '/')")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise DraftsmithError(f"the Hub refuses --repo-id {repo_id!r} ({err}); it must look like "
+                              f"{form}") from None
+
+
+def check_revision(revision: str) -> None:
+    """`--revision` must be a branch name the Hub's git accepts: git's ref-name rules, and none of
+    the Hub's own refs (`refs/pr/N`, `refs/convert/...`) or a name that reads as a commit hash.
+
+    Raises:
+        DraftsmithError: naming the value and the rule it breaks.
+    """
+    parts = revision.split("/")
+    problems = [
+        (not revision, "it is empty"),
+        (bool(_REF_FORBIDDEN.search(revision)),
+         "it holds a space, a control character or one of ~ ^ : ? * [ \\"),
+        (".." in revision, "it holds '..'"),
+        ("@{" in revision or revision == "@", "it holds '@{' or is '@'"),
+        (revision.startswith("-"), "it starts with '-'"),
+        (revision.endswith("."), "it ends with '.'"),
+        (bool(revision) and any(not p for p in parts), "it starts or ends with '/' or holds '//'"),
+        (any(p.startswith(".") or p.endswith(".lock") for p in parts),
+         "a part between '/' starts with '.' or ends with '.lock'"),
+        (any(len(p.encode()) > MAX_REF_PART_BYTES for p in parts),
+         f"a part between '/' is longer than {MAX_REF_PART_BYTES} bytes"),
+        (revision == "HEAD" or revision.startswith("refs/"),
+         "HEAD and refs/... are the Hub's own references"),
+        (bool(_COMMIT_HASH.match(revision)), "40 hex digits read as a commit hash"),
+    ]
+    broken = [why for bad, why in problems if bad]
+    if broken:
+        raise DraftsmithError(
+            f"the Hub refuses --revision {revision!r} as a branch name: {'; '.join(broken)}. Use "
+            "letters, digits, '-', '_', '.' and '/', e.g. --revision v1 or --revision exp/lr-3e-4")
 
 
 def upload_files(folder: Path) -> list[tuple[str, int]]:
@@ -66,15 +122,17 @@ def push_folder(folder: str | Path, repo_id: str, private: bool = False,
         The commit URL, or None for a dry run.
 
     Raises:
-        DraftsmithError: not an export, pickle files, bad repo id, no token, the Hub refusing the
+        DraftsmithError: not an export, pickle files, a repo id or revision the Hub refuses
+            (checked in a dry run too), no token, the Hub refusing the
             token (401/403) or any other Hub / network failure (token scrubbed from messages).
     """
     folder = Path(folder)
     if not folder.is_dir() or not is_exported_folder(folder):
         raise DraftsmithError(f"{folder} is not an export folder (no config.json); create one with "
                               "`draftsmith export CKPT --format F --out DIR`")
-    if not REPO_ID.match(repo_id):
-        raise DraftsmithError(f"--repo-id {repo_id!r} must look like USER/NAME")
+    check_repo_id(repo_id)
+    if revision is not None:
+        check_revision(revision)
     files = upload_files(folder)
     pickles = [name for name, _ in files if name.endswith(PICKLE_SUFFIXES)]
     if pickles:

@@ -22,11 +22,14 @@ class ExportOptions:
         dtype: cast floating tensors to `float32` / `bfloat16` / `float16`; None keeps them.
         skip_frozen: leave out the frozen copies of the target's embedding and head; engines and
             `load_exported` take them from the target instead (smaller upload).
+        allow_base_model_mismatch: accept a `base_model` Hub id other than the one the drafter
+            was trained for (e.g. a quantized re-upload of it); its sizes are still checked.
     """
 
     base_model: str | None = None
     dtype: str | None = None
     skip_frozen: bool = False
+    allow_base_model_mismatch: bool = False
 
 
 @dataclass

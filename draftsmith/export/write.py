@@ -8,6 +8,7 @@ here rather than in a serving engine.
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -26,6 +27,8 @@ from draftsmith.export.weights import read_json
 from draftsmith.files import write_json
 
 CARD = "README.md"
+# What `draftsmith train` writes beside OUTPUT_DIR/drafter (see train/checkpoint.py, loop.py).
+TRAINING_RUN_FILES = ("checkpoints", "metrics.jsonl")
 
 
 def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
@@ -65,18 +68,18 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
     eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
     out = Path(out)
-    check_out_folder(out, overwrite)
+    check_out_folder(out, overwrite, source=ckpt.folder)
     if ckpt.meta.get("lora") and not (ckpt.folder / "lora").is_dir():
         raise DraftsmithError(f"{ckpt.folder} was trained with LoRA (Medusa-2) but has no lora/ "
                               "adapter folder to export with it")
     if options.base_model:
-        check_base_model(options.base_model, ckpt)
+        check_base_model(options.base_model, ckpt, options.allow_base_model_mismatch)
     base = options.base_model or base_model_id(ckpt.meta.get("target"))
     if base is None:
         warnings.warn(f"the training target {ckpt.meta.get('target')!r} is not a Hub id; pass "
                       "--base-model ORG/NAME so the configs and the model card name the target",
                       stacklevel=2)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = partial_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write_json(tmp / CONFIG, export_format.write(ckpt, tmp, options))
@@ -93,14 +96,96 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
     return out
 
 
-def check_out_folder(out: Path, overwrite: bool) -> None:
-    """Raises DraftsmithError when `out` is a file, or a non-empty folder without `overwrite`."""
+def partial_folder(out: Path) -> Path:
+    """Where an export to `out` is written before it is renamed to `out` (`OUT.partial`)."""
+    return out.with_name(out.name + ".partial")
+
+
+def is_draftsmith_export(folder: Path) -> bool:
+    """True for a folder `draftsmith export` wrote: its `draftsmith_drafter.json` records the
+    export (a training output's has no `export` record; a published drafter has no such file)."""
+    path = folder / DRAFTER_CONFIG
+    try:
+        meta = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("export"), dict)
+
+
+def training_run_of(drafter: Path) -> Path | None:
+    """The `draftsmith train` output folder (train.output_dir) a drafter folder sits in: the
+    parent of `OUTPUT_DIR/drafter`, or of a drafter beside the run's checkpoints/ or metrics."""
+    parent = drafter.parent
+    if drafter.name == "drafter" or any((parent / n).exists() for n in TRAINING_RUN_FILES):
+        return parent
+    return None
+
+
+def _overlap(path: Path, other: Path) -> str | None:
+    """How `path` and `other` (both resolved) overlap: `is`, `is inside`, `holds`, or None."""
+    if path == other:
+        return "is"
+    if path.is_relative_to(other):
+        return "is inside"
+    if other.is_relative_to(path):
+        return "holds"
+    return None
+
+
+def check_out_apart(out: Path, source: Path) -> None:
+    """`out` (and `OUT.partial`) must be apart from the drafter folder `source` and its training
+    run: an export replaces its folder, so one that is or holds either would delete the trained
+    drafter or the run, and one inside either could delete part of it.
+
+    Raises:
+        DraftsmithError: naming both folders and a folder to use instead.
+    """
+    drafter = source.resolve()
+    run = training_run_of(drafter)
+    guarded = [(drafter, f"the drafter folder {source}")]
+    if run is not None:
+        guarded.append((run, f"the training run {run} that {source} belongs to"))
+    instead = (run or drafter).parent / f"{(run or drafter).name}-export"
+    for path in (out, partial_folder(out)):
+        hits = [(overlap, i, what) for i, (folder, what) in enumerate(guarded)
+                if (overlap := _overlap(path.resolve(), folder))]
+        if hits:  # the most telling: `is` first, then inside the drafter, then holding the run
+            rank = {"is": 0, "is inside": 1, "holds": 2}
+            overlap, _, what = min(hits, key=lambda h: (rank[h[0]], -h[1] if h[0] == "holds"
+                                                        else h[1]))
+            raise DraftsmithError(
+                f"--out {path} {overlap} {what}: an export replaces its --out folder, so it "
+                "must stay apart from what training wrote (the drafter and its run). Choose a "
+                f"folder outside it, e.g. --out {instead}")
+
+
+def check_out_folder(out: Path, overwrite: bool, source: Path | None = None) -> None:
+    """Check `out` before anything is written or deleted.
+
+    Args:
+        out: the export folder to create.
+        overwrite: `--force`: replace `out` when it holds a previous draftsmith export.
+        source: the drafter folder exported (see `check_out_apart`).
+
+    Raises:
+        DraftsmithError: `out` is a file; a non-empty folder without `overwrite`, or one that is
+            not a draftsmith export (`--force` replaces only a previous export); or `out` is,
+            holds or is inside the drafter folder or its training run.
+    """
+    if source is not None:
+        check_out_apart(out, Path(source))
     if out.exists() and not out.is_dir():
         raise DraftsmithError(f"--out {out} is a file; the export is a folder: choose a folder "
                               "path that does not exist yet")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise DraftsmithError(f"--out {out} exists and is not empty; choose another folder or pass "
-                              "--force to replace it")
+    if out.exists() and any(out.iterdir()):
+        if not is_draftsmith_export(out):
+            raise DraftsmithError(
+                f"--out {out} exists and is not empty, and is not a draftsmith export (it has no "
+                f"{DRAFTER_CONFIG} with an export record): choose another folder; --force "
+                "replaces only a previous export, never other files")
+        if not overwrite:
+            raise DraftsmithError(f"--out {out} exists and is not empty; choose another folder or "
+                                  "pass --force to replace the export there")
 
 
 def _base_model_config(spec: str):
@@ -123,13 +208,29 @@ def _base_model_config(spec: str):
         return None
 
 
-def check_base_model(spec: str, ckpt) -> None:
-    """`--base-model` must have the hidden size, vocab and layer count the drafter was trained for:
-    the configs and the model card name it as the target.
+def check_base_model(spec: str, ckpt, allow_mismatch: bool = False) -> None:
+    """`--base-model` must name the Hub model the drafter was trained for (when its training
+    target has a Hub id; `allow_mismatch` accepts another, e.g. a quantized re-upload), and have
+    the hidden size, vocab and layer count it was trained for: the configs and the model card name
+    it as the target.
 
     Raises:
-        DraftsmithError: naming the key and both values.
+        DraftsmithError: another Hub model than the recorded one (naming both), or a size that
+            differs (naming the key and both values).
     """
+    from draftsmith import offline_models
+
+    recorded = base_model_id(ckpt.meta.get("target"))
+    given = offline_models.CATALOG[spec].hub_id if spec in offline_models.CATALOG else spec
+    is_other_hub_model = (recorded is not None and not Path(spec).expanduser().exists()
+                          and given.casefold() != recorded.casefold())
+    if is_other_hub_model and not allow_mismatch:
+        raise DraftsmithError(
+            f"--base-model {spec} is another model than the one {ckpt.folder} was trained for: "
+            f"{recorded} (training target {ckpt.meta.get('target')!r}). Engines and the model "
+            f"card would pair the drafter with a target it never saw. Leave --base-model out to "
+            f"use {recorded}, or, when {spec} is the same model under another name (e.g. a "
+            "quantized re-upload), pass --allow-base-model-mismatch")
     config = _base_model_config(spec)
     if config is None:
         return

@@ -1,5 +1,6 @@
 """`draftsmith export` refuses a format that does not hold the drafter's kind, an --out that is a
-file or a non-empty folder (without --force), --check on a folder without config.json, and a
+file, a non-empty folder (without --force; with it, unless it holds a previous export), an --out
+that is, holds or is inside the drafter folder or its training run, --check on a folder without config.json, and a
 pickle-only folder, which is never unpickled (issue #18)."""
 
 from __future__ import annotations
@@ -31,16 +32,73 @@ def test_an_out_that_is_not_empty_or_is_a_file_is_refused(tmp_path, checkpoint, 
     folder = tmp_path / "taken"
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me")
-    if not force:
-        result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out", str(folder)])
-        assert_refused(result, "exists and is not empty", "pass --force to replace it")
-        assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    args = ["--force"] if force else []
+    result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out", str(folder), *args])
+    assert_refused(result, "exists and is not empty, and is not a draftsmith export",
+                   "choose another folder; --force replaces only a previous export")
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     file = tmp_path / "export.json"
     file.write_text("{}")
-    args = ["--force"] if force else []
     result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out", str(file), *args])
     assert_refused(result, f"--out {file} is a file", "choose a folder path")
     assert file.read_text() == "{}" and not (tmp_path / "export.json.partial").exists()
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "gguf"])
+@pytest.mark.parametrize("where", ["run", "drafter", "inside drafter", "inside run", "holds run"])
+def test_an_out_over_the_drafter_or_its_run_is_refused_before_any_delete(tmp_path, checkpoint,
+                                                                         where, fmt):
+    run = checkpoint.parent
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    (run / "checkpoints" / "step_1" / "progress.json").write_text('{"step": 1}')
+    before = snapshot(tmp_path)
+    out = {"run": run, "drafter": checkpoint, "inside drafter": checkpoint / "export",
+           "inside run": run / "export", "holds run": tmp_path}[where]
+    result = run_cli(["export", str(checkpoint), "--format", fmt, "--out", str(out), "--force"])
+    what = (f"the drafter folder {checkpoint}" if where in ("drafter", "inside drafter")
+            else f"the training run {run} that {checkpoint} belongs to")
+    overlap = {"run": "is", "drafter": "is", "holds run": "holds"}.get(where, "is inside")
+    assert_refused(result, f"--out {out} {overlap} {what}", "must stay apart from what training wrote",
+                   f"Choose a folder outside it, e.g. --out {tmp_path / 'eagle3-llama-export'}")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_partial_folder_over_the_drafter_and_a_run_found_by_its_files_are_refused(tmp_path):
+    source = make_checkpoint(tmp_path, "eagle3")[2]
+    renamed = source.rename(tmp_path / "mine.partial")  # `--out mine` is written to mine.partial
+    before = snapshot(tmp_path)
+    result = run_cli(["export", str(renamed), "--format", "eagle3", "--out",
+                      str(tmp_path / "mine")])
+    assert_refused(result, f"--out {renamed} is the drafter folder {renamed}")
+    assert snapshot(tmp_path) == before
+    run = tmp_path / "my-run"  # a drafter under another name, beside the run's metrics
+    moved = renamed.rename(tmp_path / "eagle3-llama" / "best")
+    moved.parent.rename(run)
+    (run / "metrics.jsonl").write_text("{}\n")
+    result = run_cli(["export", str(run / "best"), "--format", "eagle3", "--out", str(run),
+                      "--force"])
+    assert_refused(result, f"--out {run} is the training run {run}")
+    assert (run / "best" / "model.safetensors").is_file()
+
+
+def test_force_replaces_a_previous_export_only(tmp_path, checkpoint):
+    out = tmp_path / "export"
+    for _ in range(2):
+        result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out", str(out),
+                          "--force"])
+        assert result.returncode == 0, result.stderr
+        assert (out / "config.json").is_file() and not (tmp_path / "export.partial").exists()
+    (out / "draftsmith_drafter.json").write_text('{"kind": "eagle3"}')  # a training output's record
+    result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out", str(out),
+                      "--force"])
+    assert_refused(result, "is not a draftsmith export", "--force replaces only a previous export")
+    assert (out / "config.json").is_file()
 
 
 def test_check_on_a_training_output_says_to_export_it_first(tmp_path, checkpoint):

@@ -224,3 +224,61 @@ def test_push_cli_dry_run(fake_hub, export_dir, capsys):
     assert "would upload 4 file(s)" in out and "to alice/x (private), branch v2" in out
     assert "model.safetensors" in out and "dry run: nothing uploaded" in out
     assert TOKEN not in out and hub.requests == []
+
+
+@pytest.mark.parametrize("repo_id, rule", [
+    ("alice/" + "n" * 97, "maximum length is 96"),  # too long
+    ("alice/tiny--eagle3", "Cannot have -- or .."),
+    ("alice/tiny..eagle3", "Cannot have -- or .."),
+    ("alice/-tiny", "cannot start or end with '-' or '.'"),
+    ("alice/tiny-", "cannot start or end with '-' or '.'"),
+    ("alice/.tiny", "cannot start or end with '-' or '.'"),
+    ("alice/tiny.", "cannot start or end with '-' or '.'"),
+    ("alice/tiny eagle3", "alphanumeric chars"),
+    ("alice/tiny@eagle3", "alphanumeric chars"),
+    ("alice/tiny.git", "cannot end by '.git'"),
+    ("alice/tiny/eagle3", "(exactly one '/')"),
+    ("no-namespace", "(exactly one '/')"),
+])
+def test_dry_run_refuses_a_repo_id_the_hub_refuses(fake_hub, export_dir, repo_id, rule):
+    hub, endpoint = fake_hub
+    with pytest.raises(DraftsmithError, match=r"must look like USER/NAME or ORG/NAME") as err:
+        push_folder(export_dir, repo_id, dry_run=True, endpoint=endpoint, log=lambda _: None)
+    assert repr(repo_id) in str(err.value) and rule in str(err.value)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("revision, rule", [
+    ("v1..2", "it holds '..'"),
+    ("my branch", "a space"),
+    ("v1:rc", "one of ~ ^ : ? * ["),
+    ("v1~1", "one of ~ ^ : ? * ["),
+    ("-v1", "it starts with '-'"),
+    ("v1.", "it ends with '.'"),
+    ("/v1", "starts or ends with '/'"),
+    ("exp//v1", "holds '//'"),
+    ("exp/.hidden", "starts with '.' or ends with '.lock'"),
+    ("v1.lock", "starts with '.' or ends with '.lock'"),
+    ("v@{1}", "'@{'"),
+    ("x" * 256, "longer than 255 bytes"),
+    ("refs/pr/1", "the Hub's own references"),
+    ("HEAD", "the Hub's own references"),
+    ("0123456789abcdef0123456789abcdef01234567", "read as a commit hash"),
+    ("", "it is empty"),
+])
+def test_dry_run_refuses_a_revision_the_hub_refuses(fake_hub, export_dir, revision, rule):
+    hub, endpoint = fake_hub
+    with pytest.raises(DraftsmithError, match=r"the Hub refuses --revision .* as a branch name") as err:
+        push_folder(export_dir, "alice/x", revision=revision, dry_run=True, endpoint=endpoint,
+                    log=lambda _: None)
+    assert rule in str(err.value) and "e.g. --revision v1" in str(err.value)
+    assert hub.requests == []
+
+
+def test_dry_run_accepts_names_the_hub_accepts(fake_hub, export_dir):
+    hub, endpoint = fake_hub
+    for repo_id, revision in (("alice/x", None), ("Org_1/tiny.eagle3-v2_b", "exp/lr-3e-4"),
+                              ("a/" + "n" * 96, "release.v1_2")):
+        assert push_folder(export_dir, repo_id, revision=revision, dry_run=True,
+                           endpoint=endpoint, log=lambda _: None) is None
+    assert hub.requests == []
