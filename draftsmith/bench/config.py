@@ -9,6 +9,7 @@ from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_methods, split_method
 from draftsmith.serving import ENGINES
+from draftsmith.serving.engine_env import own_engine_python
 from draftsmith.target import DTYPE_CHOICES
 
 
@@ -29,19 +30,57 @@ class KindEntry:
     train: dict = field(default_factory=dict)
 
 
-PASS_KEYS = {"methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens"}
+PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens")
+PASS_EXAMPLES = ("{methods: [...], batch_sizes: [1, 2, 4, 8]}, {methods: [...], target_quant: "
+                 "[none, int8]} or {methods: [...], check_lossless: true, limit: 3, "
+                 "max_new_tokens: 32}")
 
 
-def _valid_pass(spec) -> bool:
-    """One `eval.passes` entry: known keys, a method list, a bool gate, counts >= 1."""
-    def count(key):
+def check_pass(name: str, spec) -> None:
+    """One `eval.passes` entry, every value checked as its evaluation will read it: known keys, a
+    method list, batch sizes >= 1, known quantization schemes, a bool gate, counts >= 1.
+
+    Raises:
+        DraftsmithError: naming `eval.passes.NAME.KEY`, the value, the choices and an example.
+    """
+    from draftsmith.quantize import QUANT_SCHEMES
+
+    where = f"eval.passes.{name}"
+
+    def refuse(key: str, problem: str):
+        value = spec.get(key) if isinstance(spec, dict) else spec
+        raise DraftsmithError(f"{where}{'.' + key if key else ''} = {value!r}: {problem}; map a "
+                              f"pass name to {PASS_EXAMPLES}")
+
+    if not isinstance(spec, dict):
+        refuse("", "must be a mapping")
+    unknown = sorted(set(spec) - set(PASS_KEYS))
+    if unknown:
+        raise DraftsmithError(f"unknown key(s) {', '.join(f'{where}.{k}' for k in unknown)}; valid "
+                              f"keys of a pass: {', '.join(PASS_KEYS)}")
+    methods = spec.get("methods")
+    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
+        refuse("methods", "list one or more eval methods")
+    sizes = spec.get("batch_sizes", [1])
+    if not isinstance(sizes, list) or not sizes:
+        refuse("batch_sizes", "list one or more batch sizes, integers >= 1, e.g. [1, 2, 4, 8]")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            refuse("batch_sizes", f"{size!r} is not a batch size; list integers >= 1, e.g. "
+                   "[1, 2, 4, 8]")
+    schemes = spec.get("target_quant", ["none"])
+    if not isinstance(schemes, list) or not schemes:
+        refuse("target_quant", f"list one or more of: {', '.join(QUANT_SCHEMES)}")
+    for scheme in schemes:
+        if scheme not in QUANT_SCHEMES:
+            refuse("target_quant", f"{scheme!r} is not a quantization scheme; choose from: "
+                   f"{', '.join(QUANT_SCHEMES)}")
+    if not isinstance(spec.get("check_lossless", False), bool):
+        refuse("check_lossless", "must be true or false")
+    for key in ("limit", "max_new_tokens"):
         value = spec.get(key, 1)
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-    return (isinstance(spec, dict) and set(spec) <= PASS_KEYS
-            and isinstance(spec.get("methods"), list)
-            and isinstance(spec.get("check_lossless", False), bool)
-            and count("limit") and count("max_new_tokens"))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            refuse(key, "must be an integer >= 1")
 
 
 @dataclass
@@ -70,12 +109,11 @@ class EvalSection:
         """Checked when the file is read, not hours later when the evaluation starts."""
         from draftsmith.data.prompts import SOURCES
 
-        if not isinstance(self.passes, dict) or not all(map(_valid_pass, self.passes.values())):
-            raise DraftsmithError(f"eval.passes = {self.passes!r}: map a name to {{methods: [...], "
-                                  "batch_sizes: [1, 2, 4, 8]}}, {methods: [...], target_quant: "
-                                  "[none, int8]} or {methods: [...], check_lossless: true, "
-                                  "limit: 3, max_new_tokens: 32} (limit and max_new_tokens: "
-                                  "integers >= 1)")
+        if not isinstance(self.passes, dict):
+            raise DraftsmithError(f"eval.passes = {self.passes!r}: map a pass name to "
+                                  f"{PASS_EXAMPLES}")
+        for name, spec in self.passes.items():
+            check_pass(name, spec)
 
         unknown = [name for name in self.bench if name not in SOURCES] if isinstance(
             self.bench, list) else [self.bench]
@@ -166,6 +204,14 @@ def load_bench_config(path: str | Path) -> BenchConfig:
     if config.dtype not in DTYPE_CHOICES:
         raise DraftsmithError(f"{path}: dtype = {config.dtype!r}: choose one of: "
                               f"{', '.join(DTYPE_CHOICES)}")
+    for where, spec in [("eval", {"check_lossless": evaluation.check_lossless}),
+                        *[(f"eval.passes.{n}", v) for n, v in evaluation.passes.items()]]:
+        why = ("check_lossless: true (the gate runs in float32)" if spec.get("check_lossless")
+               else "target_quant int8 (dynamic int8 quantizes a float32 target)"
+               if "int8" in spec.get("target_quant", []) else None)
+        if why and config.dtype not in ("auto", "float32"):
+            raise DraftsmithError(f"{path}: {where} has {why}, but dtype = {config.dtype!r}; set "
+                                  "dtype: auto or float32, or drop that setting")
     labels = {k.label for k in entries}
     for method in [*evaluation.methods, *config.bars, *config.expected_order]:
         if method not in evaluation.methods:
@@ -212,6 +258,8 @@ def _check_engine(config: BenchConfig, path) -> None:
     if not isinstance(engines, list) or not engines or set(engines) - set(ENGINES):
         raise DraftsmithError(f"{path}: engine.engines = {engines!r}: a list of "
                               f"{', '.join(ENGINES)}; {hint}")
+    for engine in engines:  # a $DRAFTSMITH_*_PYTHON naming no engine fails now, not after training
+        own_engine_python(engine)
     labels = {k.label: k for k in config.kinds}
     if spec["drafter"] not in labels:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is not in `kinds` "

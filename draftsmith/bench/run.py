@@ -225,10 +225,41 @@ def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
     return run_eval(eval_config, log=log)
 
 
+def check_eval_prompts_early(config: BenchConfig) -> None:
+    """Before data and training: every evaluation's prompts fit the target's context, rendered
+    with the tokenizer's chat template (`_run_eval` checks again with the drafters' template).
+
+    Raises:
+        DraftsmithError: see `draftsmith.eval.prompts_fit.check_prompts_fit`.
+    """
+    from draftsmith.data.prompts import gather_prompts
+    from draftsmith.eval.methods import ProposerSettings
+    from draftsmith.eval.prompts_fit import check_prompts_fit, draft_margin, target_context_length
+    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+    from draftsmith.target import load_tokenizer
+
+    ev = config.eval
+    context = target_context_length(config.target)
+    if not context:
+        return
+    runs = [("eval", ev.limit, ev.max_new_tokens)] + [
+        (f"eval.passes.{name}", spec.get("limit", ev.limit),
+         spec.get("max_new_tokens", ev.max_new_tokens)) for name, spec in ev.passes.items()]
+    settings = ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens,
+                                tree=DynamicTreeConfig(**ev.tree))
+    tokenizer = load_tokenizer(config.target)
+    for where, limit, max_new_tokens in runs:
+        check_prompts_fit(tokenizer, gather_prompts(tuple(ev.bench), (), limit), context,
+                          max_new_tokens, draft_margin(settings, ev.autotune_tree),
+                          setting=f"{where}.max_new_tokens")
+
+
 def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "eval"),
               log=print) -> Path:
     """Run the asked stages (each resumes), then write bench.json; returns its path."""
     out = Path(config.out_dir)
+    if "eval" in stages:
+        check_eval_prompts_early(config)
     if "data" in stages:
         prepare_data(config, log)
     records = {}

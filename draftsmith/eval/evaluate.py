@@ -37,6 +37,7 @@ from draftsmith.eval.methods import (
     tree_shape,
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
+from draftsmith.eval.prompts_fit import check_eval_prompts_fit
 from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import (
     format_batch_table,
@@ -97,7 +98,13 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
 
 
 def run_eval(config: EvalConfig, log=print) -> dict:
-    """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload."""
+    """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload.
+
+    Raises:
+        DraftsmithError: among others, a prompt that cannot fit the target's context with the new
+            tokens and drafts (checked before any weights load).
+    """
+    check_eval_prompts_fit(config)
     prompts = gather_prompts(config.bench, config.prompt_files, config.limit)
     target = load_target(config.target, dtype=config.dtype, device=config.device,
                          trust_remote_code=config.trust_remote_code)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import measure_verify_cost
 from draftsmith.eval.few_row_linear import (
     few_row_limits,
@@ -31,8 +32,13 @@ def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
         {"hardware", "machine", "target", "context_len", "repeats", "curves": {"default": {n:
         ms}, "few_row": {n: ms}}, "few_row_limits"}: each time is the minimum of `rounds` x
         `repeats` timings, the two forms measured in alternation.
+
+    Raises:
+        DraftsmithError: `context_len` below 1, or with the largest size beyond the target's
+            context length (checked before measuring).
     """
     model = target.model
+    check_context(context_len, max(sizes), getattr(model.config, "max_position_embeddings", None))
     forms = (("default", 0), ("few_row", None)) if has_float32_linears(model) else \
         (("default", 0),)  # the skinny form exists for float32 CPU linears only
     curves: dict[str, dict[int, float]] = {name: {} for name, _ in forms}
@@ -55,6 +61,21 @@ def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
                    for name, curve in curves.items()},
         "few_row_limits": few_row_limits(model),
     }
+
+
+def check_context(context_len: int, largest: int, max_positions: int | None) -> None:
+    """`--context` is at least 1 and, with the largest forward, within the target's positions.
+
+    Raises:
+        DraftsmithError: naming `--context`, the limit and the fix.
+    """
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+        raise DraftsmithError(f"--context {context_len!r} must be an integer >= 1 (tokens cached "
+                              "before each timed forward), e.g. --context 200")
+    if max_positions and context_len + largest > max_positions:
+        raise DraftsmithError(f"--context {context_len} plus the largest forward ({largest} "
+                              f"tokens) exceeds the target's context length of {max_positions} "
+                              f"tokens; pass --context {max_positions - largest} or less")
 
 
 def single_curve(payload: dict) -> dict[int, float] | None:

@@ -135,7 +135,8 @@ def _overlap(path: Path, other: Path) -> str | None:
 def check_out_apart(out: Path, source: Path) -> None:
     """`out` (and `OUT.partial`) must be apart from the drafter folder `source` and its training
     run: an export replaces its folder, so one that is or holds either would delete the trained
-    drafter or the run, and one inside either could delete part of it.
+    drafter or the run, and one inside the drafter could delete part of it. A new folder inside
+    the run (`RUN/export`) is fine: `--force` replaces only an earlier export.
 
     Raises:
         DraftsmithError: naming both folders and a folder to use instead.
@@ -148,7 +149,8 @@ def check_out_apart(out: Path, source: Path) -> None:
     instead = (run or drafter).parent / f"{(run or drafter).name}-export"
     for path in (out, partial_folder(out)):
         hits = [(overlap, i, what) for i, (folder, what) in enumerate(guarded)
-                if (overlap := _overlap(path.resolve(), folder))]
+                if (overlap := _overlap(path.resolve(), folder))
+                and not (i == 1 and overlap == "is inside")]
         if hits:  # the most telling: `is` first, then inside the drafter, then holding the run
             rank = {"is": 0, "is inside": 1, "holds": 2}
             overlap, _, what = min(hits, key=lambda h: (rank[h[0]], -h[1] if h[0] == "holds"

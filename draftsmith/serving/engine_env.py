@@ -2,7 +2,8 @@
 
 Each engine lives in `<cache>/engines/<name>/venv`, installed once by pip and marked complete by
 `ready.json` only after its import check passed, so a half-made environment is redone, not used.
-An environment variable may name another Python that already has the engine; it is used as is.
+An environment variable may name another Python that already has the engine; it is checked
+(an executable file in which the engine's module is found) before any model loads, then used as is.
 """
 
 from __future__ import annotations
@@ -19,23 +20,61 @@ from draftsmith.files import read_json_dict, write_json
 from draftsmith.offline_models import cache_dir
 
 READY = "ready.json"
+# engine -> (environment variable naming a Python that already has it, the module it must have)
+OWN_PYTHON = {"llama.cpp": ("DRAFTSMITH_LLAMA_CPP_PYTHON", "xllamacpp"),
+              "vllm": ("DRAFTSMITH_VLLM_PYTHON", "vllm")}
 
 
 def engines_dir() -> Path:
     return cache_dir() / "engines"
 
 
-def engine_environment(name: str, pip_args: Sequence[str], check: str, *, own_python_env: str,
+def own_engine_python(engine: str) -> Path | None:
+    """The Python that `$DRAFTSMITH_VLLM_PYTHON` / `$DRAFTSMITH_LLAMA_CPP_PYTHON` names for
+    `engine`, checked: an executable file in which the engine's module is found (a ~0.1 s
+    subprocess that looks the module up without importing it). None when the variable is unset.
+
+    Raises:
+        DraftsmithError: the file is missing, not executable, not a Python, or lacks the engine;
+            the message names the variable, its value and the two ways out.
+    """
+    variable, module = OWN_PYTHON[engine]
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    fix = (f"point ${variable} at a Python that has `{module}` installed, or unset it and "
+           f"draftsmith installs {engine} once under {engines_dir()}")
+    if not path.is_file():
+        problem = "is a folder, not a Python executable" if path.is_dir() else "does not exist"
+        raise DraftsmithError(f"${variable}={value} {problem}; {fix}")
+    if not os.access(path, os.X_OK):
+        raise DraftsmithError(f"${variable}={value} is not executable; {fix}")
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        found = subprocess.run([str(path), "-c", probe], capture_output=True, text=True,
+                               timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError) as err:
+        raise DraftsmithError(f"${variable}={value} could not be run as Python ({err}); "
+                              f"{fix}") from None
+    if not found:
+        raise DraftsmithError(f"${variable}={value} has no `{module}` module (or is not a Python); "
+                              f"{fix}")
+    return path
+
+
+def engine_environment(name: str, pip_args: Sequence[str], engine: str, *,
                        first: Sequence[Sequence[str]] = (), after: Sequence[Sequence[str]] = (),
                        record: dict | None = None,
                        log: Callable[[str], None] = print) -> Path:
-    """The Python of engine environment `name`, installed on first use.
+    """The Python of engine environment `name`, installed on first use (or the checked Python
+    its environment variable names, see `own_engine_python`).
 
     Args:
         name: folder under `<cache>/engines/` (carries the version).
         pip_args: what `pip install` gets (packages, index options).
-        check: Python code that must run in the new environment (e.g. `import vllm`).
-        own_python_env: environment variable naming a Python to use instead.
+        engine: `llama.cpp` or `vllm` (`OWN_PYTHON`: the variable naming a Python to use
+            instead, and the module that must import in the new environment).
         first: `pip install` argument lists tried in turn before `pip_args` until one succeeds
             (e.g. a pinned torch from the configured indexes, then from PyTorch's).
         after: further commands run in the environment after pip (`{python}` is replaced).
@@ -44,9 +83,10 @@ def engine_environment(name: str, pip_args: Sequence[str], check: str, *, own_py
     Raises:
         DraftsmithError: a step failed (its output's tail is quoted).
     """
-    own = os.environ.get(own_python_env)
+    own = own_engine_python(engine)
     if own:
-        return Path(own)
+        return own
+    own_python_env, module = OWN_PYTHON[engine]
     folder = engines_dir() / name
     python = folder / "venv" / "bin" / "python"
     if read_json_dict(folder / READY) and python.is_file():
@@ -64,7 +104,7 @@ def engine_environment(name: str, pip_args: Sequence[str], check: str, *, own_py
             break
     for step in [[*pip, *pip_args],
                  *[[part.replace("{python}", str(python)) for part in step] for step in after],
-                 [str(python), "-c", check]]:
+                 [str(python), "-c", f"import {module}"]]:
         _step(name, folder, own_python_env, step)
     seconds = round(time.perf_counter() - start, 1)
     write_json(folder / READY, {**(record or {}), "python": sys.version.split()[0],

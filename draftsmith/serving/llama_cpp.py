@@ -34,14 +34,14 @@ def engine_python(log: Callable[[str], None] = print) -> Path:
     """The engine environment's Python, installed on first use (about 35 MB from PyPI).
 
     `$DRAFTSMITH_LLAMA_CPP_PYTHON` names another Python that has `xllamacpp` (e.g. one built from
-    source with this CPU's native instructions); it is used as is.
+    source with this CPU's native instructions); it is checked, then used as is.
 
     Raises:
-        DraftsmithError: the install failed (the pip output's tail is quoted).
+        DraftsmithError: the install failed (the pip output's tail is quoted), or
+            `$DRAFTSMITH_LLAMA_CPP_PYTHON` names no Python with xllamacpp.
     """
     return engine_environment(ENGINE, ["--no-deps", f"xllamacpp=={XLLAMACPP_VERSION}"],
-                              "import xllamacpp", own_python_env="DRAFTSMITH_LLAMA_CPP_PYTHON",
-                              record={"xllamacpp": XLLAMACPP_VERSION}, log=log)
+                              "llama.cpp", record={"xllamacpp": XLLAMACPP_VERSION}, log=log)
 
 
 @dataclass(frozen=True)

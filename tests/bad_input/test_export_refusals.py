@@ -1,7 +1,8 @@
 """`draftsmith export` refuses a format that does not hold the drafter's kind, an --out that is a
 file, a non-empty folder (without --force; with it, unless it holds a previous export), an --out
-that is, holds or is inside the drafter folder or its training run, --check on a folder without config.json, and a
-pickle-only folder, which is never unpickled (issue #18)."""
+that is or holds the drafter folder or its training run, or is inside the drafter folder (a new
+folder inside the run is fine), --check on a folder without config.json, and a pickle-only
+folder, which is never unpickled (issue #18)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def snapshot(folder):
 
 
 @pytest.mark.parametrize("fmt", ["eagle3", "gguf"])
-@pytest.mark.parametrize("where", ["run", "drafter", "inside drafter", "inside run", "holds run"])
+@pytest.mark.parametrize("where", ["run", "drafter", "inside drafter", "holds run"])
 def test_an_out_over_the_drafter_or_its_run_is_refused_before_any_delete(tmp_path, checkpoint,
                                                                          where, fmt):
     run = checkpoint.parent
@@ -59,7 +60,7 @@ def test_an_out_over_the_drafter_or_its_run_is_refused_before_any_delete(tmp_pat
     (run / "checkpoints" / "step_1" / "progress.json").write_text('{"step": 1}')
     before = snapshot(tmp_path)
     out = {"run": run, "drafter": checkpoint, "inside drafter": checkpoint / "export",
-           "inside run": run / "export", "holds run": tmp_path}[where]
+           "holds run": tmp_path}[where]
     result = run_cli(["export", str(checkpoint), "--format", fmt, "--out", str(out), "--force"])
     what = (f"the drafter folder {checkpoint}" if where in ("drafter", "inside drafter")
             else f"the training run {run} that {checkpoint} belongs to")
@@ -67,6 +68,19 @@ def test_an_out_over_the_drafter_or_its_run_is_refused_before_any_delete(tmp_pat
     assert_refused(result, f"--out {out} {overlap} {what}", "must stay apart from what training wrote",
                    f"Choose a folder outside it, e.g. --out {tmp_path / 'eagle3-llama-export'}")
     assert snapshot(tmp_path) == before
+
+
+def test_an_export_into_a_new_folder_inside_the_run_leaves_the_run_as_it_was(tmp_path, checkpoint):
+    run = checkpoint.parent
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    before = snapshot(tmp_path)
+    for _ in range(2):  # the second replaces the first export (--force), nothing else
+        result = run_cli(["export", str(checkpoint), "--format", "eagle3", "--out",
+                          str(run / "export"), "--force"])
+        assert result.returncode == 0, result.stderr
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if "export" not in str(k)} == before
+    assert (run / "export" / "config.json").is_file()
 
 
 def test_a_partial_folder_over_the_drafter_and_a_run_found_by_its_files_are_refused(tmp_path):

@@ -61,3 +61,9 @@ def test_a_non_utf8_recipe_is_refused(tmp_path):
     path.write_bytes("target: {name: smollm2-135m-instruct}\n# caf\u00e9\n".encode("latin-1"))
     assert_refused(run_cli(["train", "--config", str(path)]), "is not UTF-8 text",
                    "save it as UTF-8")
+
+
+@pytest.mark.parametrize("override", ['train.mixed_precision="no"', "train.mixed_precision='no'"])
+def test_a_quoted_override_is_read_without_its_quotes(tmp_path, override):
+    path = write_recipe(tmp_path)
+    assert load_recipe(path, [override]).train.mixed_precision == "no"
