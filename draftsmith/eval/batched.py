@@ -79,7 +79,7 @@ def generate_batch(
     if any(not p for p in prompts):
         raise ValueError("every prompt must hold at least one token")
     sampling = sampling or SamplingConfig()
-    generators = [torch.Generator().manual_seed(sampling.seed) for _ in prompts]
+    generators = [torch.Generator(device="cpu").manual_seed(sampling.seed) for _ in prompts]
     eos = set(eos_token_ids)
     device = runner.device
     batch = BatchResult(rows=[GenerationResult(tokens=[]) for _ in prompts])
@@ -101,9 +101,9 @@ def generate_batch(
         if not all(tree.is_chain for tree in trees):
             raise DraftsmithError(f"{proposers[active[0]].name}: {TREES_AT_BATCH_1}")
         width = max(tree.size for tree in trees)
-        tokens = torch.full((len(active), width), pad_token_id, dtype=torch.long)
+        tokens = torch.full((len(active), width), pad_token_id, dtype=torch.long, device=device)
         for i, tree in enumerate(trees):
-            tokens[i, :tree.size] = tree.tokens
+            tokens[i, :tree.size] = tree.tokens.to(device)
         drafted = clock(device)
         block = runner.forward_chains(tokens)
         outputs, verdicts = [], []

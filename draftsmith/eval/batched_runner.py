@@ -54,10 +54,9 @@ class BatchedLMRunner:
         self.lengths = [0] * len(contexts)
         longest = max(len(c) for c in contexts)
         if longest == 0:
-            return [ForwardOutput(logits=torch.empty(0)) for _ in contexts]
-        tokens = torch.full((len(contexts), longest), pad_token_id, dtype=torch.long)
-        for row, context in enumerate(contexts):
-            tokens[row, :len(context)] = torch.tensor(context, dtype=torch.long)
+            return [ForwardOutput(logits=torch.empty(0, device=self.device)) for _ in contexts]
+        tokens = torch.tensor([c + [pad_token_id] * (longest - len(c)) for c in contexts],
+                              dtype=torch.long, device=self.device)
         out = self.forward_chains(tokens, logits=False)
         self.commit([len(c) for c in contexts])
         outputs = []
@@ -65,7 +64,7 @@ class BatchedLMRunner:
             own = self.row_output(out, row, len(context))
             outputs.append(ForwardOutput(self.single.head(own.last_hidden[-1:]), own.last_hidden,
                                          own.hidden_states) if context
-                           else ForwardOutput(logits=torch.empty(0)))
+                           else ForwardOutput(logits=torch.empty(0, device=self.device)))
         return outputs
 
     @torch.inference_mode()
@@ -92,7 +91,8 @@ class BatchedLMRunner:
                                  self.single.additive_mask(visible)[:, None])
         last = out.last_hidden_state
         return ForwardOutput(
-            logits=self.single.head(last) if logits else torch.empty(0), last_hidden=last,
+            logits=self.single.head(last) if logits else torch.empty(0, device=last.device),
+            last_hidden=last,
             hidden_states=out.hidden_states if self.single.output_hidden_states else None)
 
     @staticmethod

@@ -107,7 +107,7 @@ def generate(
     if not prompt_ids:
         raise ValueError("the prompt must hold at least one token")
     sampling = sampling or SamplingConfig()
-    generator = torch.Generator().manual_seed(sampling.seed)
+    generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
     eos = set(eos_token_ids)
     device = runner.device
     result = GenerationResult(tokens=[])
@@ -115,8 +115,8 @@ def generate(
 
     runner.reset()
     context = list(prompt_ids[:-1])
-    prefill = (runner.forward(torch.tensor(context), logits_to_keep=1) if context
-               else ForwardOutput(logits=torch.empty(0)))
+    prefill = (runner.forward(torch.tensor(context, device=device), logits_to_keep=1) if context
+               else ForwardOutput(logits=torch.empty(0, device=device)))
     runner.commit()
     proposer.reset(context, prefill)
     root = prompt_ids[-1]

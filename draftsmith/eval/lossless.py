@@ -78,15 +78,16 @@ def exact_first_tokens(runner, prompt_ids: list[int], sampling: SamplingConfig,
         (p1 (V,), {x1: p2 (V,)}).
     """
     runner.reset()
+    device = runner.device
     if len(prompt_ids) > 1:
-        runner.forward(torch.tensor(prompt_ids[:-1]))
+        runner.forward(torch.tensor(prompt_ids[:-1], device=device))
         runner.commit()
-    root = runner.forward(torch.tensor(prompt_ids[-1:])).logits[-1]
+    root = runner.forward(torch.tensor(prompt_ids[-1:], device=device)).logits[-1]
     p1 = logits_to_probs(root, sampling).cpu()
     runner.commit()
-    top = p1.topk(min(candidates, p1.numel())).indices
-    parents = torch.full((top.numel(),), -1)
-    depths = torch.zeros(top.numel(), dtype=torch.long)
+    top = p1.topk(min(candidates, p1.numel())).indices.to(device)
+    parents = torch.full((top.numel(),), -1, device=device)
+    depths = torch.zeros(top.numel(), dtype=torch.long, device=device)
     out = runner.forward(top, runner.length + depths, ancestor_mask(parents, depths))
     p2 = logits_to_probs(out.logits, sampling).cpu()
     return p1, {int(x): p2[i] for i, x in enumerate(top.tolist())}

@@ -42,3 +42,16 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token drawn from `probs` (V,), as a (1,) long tensor on `probs`' device.
+
+    The uniform comes from `generator` (a CPU generator, so a seed gives the same draws on any
+    device) and the inverse CDF runs where `probs` lives: no host read, no copy of `probs`.
+    """
+    u = torch.rand(1, generator=generator, dtype=torch.float64,
+                   device=generator.device if generator is not None else "cpu")
+    cdf = probs.double().cumsum(-1)
+    index = torch.searchsorted(cdf, u.to(probs.device) * cdf[-1], right=True)
+    return index.clamp(max=probs.shape[-1] - 1)

@@ -43,9 +43,25 @@ class Tree:
         return int(self.depths.max()) if self.size > 1 else 0
 
 
+def tree_from_lists(tokens: list[int], parents: list[int], depths: list[int],
+                    device: torch.device | str) -> Tree:
+    """A tree from host lists (node 0 the root), its tensors on `device`."""
+    return Tree(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+                parents=torch.tensor(parents, dtype=torch.long, device=device),
+                depths=torch.tensor(depths, dtype=torch.long, device=device),
+                is_chain=all(p == i - 1 for i, p in enumerate(parents)))
+
+
+def root_only_tree(root: int, device: torch.device | str) -> Tree:
+    """The root alone: the step verifies no draft (plain decoding's one token)."""
+    return tree_from_lists([root], [-1], [0], device)
+
+
 def chain_tree(root: int, drafts: list[int] | torch.Tensor, draft_probs: torch.Tensor | None = None,
                device: torch.device | str = "cpu") -> Tree:
     """A chain: root followed by `drafts` in order. `draft_probs` is (len(drafts), V) or None."""
+    if draft_probs is not None:
+        device = draft_probs.device
     tokens = torch.tensor([root, *list(map(int, drafts))], dtype=torch.long, device=device)
     n = tokens.shape[0]
     index = torch.arange(n, device=device)
@@ -116,9 +132,10 @@ def build_dynamic_tree(
         (root token set to -1 for the caller to fill, root score 0), in topological order.
     """
     m = scores.shape[0]
-    # Sort by score descending, then by creation order, so a parent beats a child it ties with.
-    ranked = sorted(range(m), key=lambda i: (-float(scores[i]), i))[: min(total_tokens, m)]
-    chosen = sorted(ranked)
+    # Sort by score descending, then by creation order (a stable sort), so a parent beats a child
+    # it ties with; one host read for the whole selection
+    ranked = torch.sort(-scores.float(), stable=True).indices[: min(total_tokens, m)]
+    chosen = sorted(ranked.tolist())
     parent_list = parents.tolist()
     new_index = {old: new + 1 for new, old in enumerate(chosen)}
     out_parents = [-1]

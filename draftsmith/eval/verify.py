@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs, sample_token
 from draftsmith.eval.tree import Tree
 
 
@@ -78,6 +78,11 @@ def verify_sampling(
     a child is accepted the walk continues from it; when all are rejected, or at a leaf, the next
     token is sampled from the current p.
 
+    The distributions stay on their device: p(x) and q(x) of every node are read to the host in
+    one transfer, and a point mass's rejection renormalises p(x) on the host, so a step reads
+    the device once more only for its next token (and once per sibling tried after a sampled
+    draft was rejected).
+
     Args:
         tree: the verified tree.
         target_probs: (n, V) target distribution at every node (after temperature / top-p).
@@ -86,31 +91,60 @@ def verify_sampling(
     Returns:
         `(path, next_token)` as in `verify_greedy`.
     """
-    probs = target_probs.float().cpu()
-    draft = tree.draft_probs.float().cpu() if tree.draft_probs is not None else None
+    probs = target_probs.float()
+    device = probs.device
+    draft = tree.draft_probs.float().to(device) if tree.draft_probs is not None else None
     tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
     children: list[list[int]] = [[] for _ in tokens]
-    for i, p in enumerate(tree.parents.tolist()):
+    for i, p in enumerate(parents):
         if p >= 0:
             children[p].append(i)
+    p_at, q_at = [0.0], [1.0]  # p(x) under the parent's distribution and q(x), per node
+    if len(tokens) > 1:
+        node_tokens = tree.tokens[1:].to(device)
+        gathered = [probs[tree.parents[1:].to(device), node_tokens]]
+        if draft is not None:
+            gathered.append(draft[torch.arange(1, len(tokens), device=device), node_tokens])
+        host = torch.stack(gathered).tolist()
+        p_at += host[0]
+        q_at += host[1] if draft is not None else [1.0] * (len(tokens) - 1)
+    uniforms = [0.0, *torch.rand(max(len(tokens) - 1, 0), generator=generator, dtype=torch.float64,
+                                 device=generator.device if generator is not None else "cpu"
+                                 ).tolist()]
     node, path = 0, [0]
     while True:
-        p = probs[node]
+        rejected: dict[int, float] = {}  # point masses rejected at this node: token -> p(token)
+        residual = None  # p after a sampled draft's rejection (a device vector)
         for child in children[node]:
             x = tokens[child]
-            u = float(torch.rand((), generator=generator))
-            q = None if draft is None else draft[child]
-            q_x = 1.0 if q is None else float(q[x])
-            if q_x > 0 and u < min(1.0, float(p[x]) / q_x):
+            if residual is None:
+                p_x = 0.0 if x in rejected else p_at[child] / max(
+                    1.0 - sum(rejected.values()), 1e-30)
+            else:
+                p_x = float(residual[x])
+            q_x = q_at[child]  # 1 for a deterministic candidate
+            if q_x > 0 and uniforms[child] < min(1.0, p_x / q_x):
                 node = child
                 path.append(child)
                 break
-            if q is None:
-                p = p.clone()
-                p[x] = 0.0
+            if draft is None:
+                rejected[x] = p_at[child]
             else:
-                p = (p - q).clamp(min=0)
-            # p - q sums to zero only when p <= q everywhere, where rejection cannot happen.
-            p = p / p.sum().clamp(min=1e-30)
+                residual = (_current(probs[node], rejected, residual) - draft[child]).clamp(min=0)
+                # p - q sums to zero only when p <= q everywhere, where rejection cannot happen.
+                residual = residual / residual.sum().clamp(min=1e-30)
         else:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+            current = _current(probs[node], rejected, residual)
+            return path, int(sample_token(current, generator))
+
+
+def _current(row: torch.Tensor, rejected: dict[int, float], residual: torch.Tensor | None
+             ) -> torch.Tensor:
+    """A node's distribution after the rejections so far (renormalised)."""
+    if residual is not None:
+        return residual
+    if not rejected:
+        return row
+    row = row.index_fill(0, torch.tensor(list(rejected), device=row.device), 0.0)
+    return row / row.sum().clamp(min=1e-30)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
-
 from draftsmith.eval.runner import ForwardOutput
-from draftsmith.eval.tree import Tree
+from draftsmith.eval.tree import Tree, root_only_tree
 
 
 class Proposer(Protocol):
@@ -37,8 +35,7 @@ class NoDraftProposer:
         pass
 
     def propose(self, root: int, max_depth: int) -> Tree:
-        zero = torch.zeros(1, dtype=torch.long)
-        return Tree(tokens=torch.tensor([root]), parents=zero - 1, depths=zero, is_chain=True)
+        return root_only_tree(root, "cpu")  # host-built; the loop moves it to the target
 
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         pass

@@ -12,12 +12,13 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.proposers.tree_expansion import (
     DynamicTreeConfig,
+    TreeSlots,
     grow_dynamic_tree,
     grow_static_tree,
 )
 from draftsmith.eval.runner import CausalLMRunner, ForwardOutput
-from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
-from draftsmith.eval.tree import Tree, chain_tree
+from draftsmith.eval.sampling import SamplingConfig, logits_to_probs, sample_token
+from draftsmith.eval.tree import Tree, chain_tree, root_only_tree
 
 
 def check_same_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
@@ -59,14 +60,17 @@ class DraftModelProposer:
         self.runner.reset()
         self.unfed = list(context)
 
-    def _choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next draft as a (1,) tensor on the logits' device (no host read), and the
+        distribution it was drawn from when sampling."""
         if self.sampling.greedy:
-            return int(logits.argmax()), None
+            return logits.argmax(-1, keepdim=True), None
         probs = logits_to_probs(logits, self.sampling)
-        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator)), probs
+        return sample_token(probs, self.generator), probs
 
     def propose(self, root: int, max_depth: int) -> Tree:
-        feed = torch.tensor([*self.unfed, root], dtype=torch.long)
+        device = self.runner.device
+        feed = torch.tensor([*self.unfed, root], dtype=torch.long, device=device)
         logits = self.runner.forward(feed, logits_to_keep=1).logits[-1]
         self.runner.commit()
         self.unfed = []
@@ -76,9 +80,11 @@ class DraftModelProposer:
             drafts.append(token)
             probs.append(q)
             if step + 1 < min(self.num_tokens, max_depth):
-                logits = self.runner.forward(torch.tensor([token])).logits[-1]
-        draft_probs = None if self.sampling.greedy or not drafts else torch.stack(probs)
-        return chain_tree(root, drafts, draft_probs)
+                logits = self.runner.forward(token).logits[-1]
+        if not drafts:
+            return root_only_tree(root, device)
+        draft_probs = None if self.sampling.greedy else torch.stack(probs)
+        return chain_tree(root, torch.cat(drafts).tolist(), draft_probs, device)
 
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         accepted = len(path_tokens) - 1
@@ -108,38 +114,25 @@ class DraftModelTreeProposer:
         self.dynamic = dynamic or DynamicTreeConfig()
         self.name = "draft_model_static_tree" if choices else "draft_model_dynamic_tree"
         self.unfed: list[int] = []
-        self._slot: dict[int, int] = {}
-        self._parent: dict[int, int] = {}
-        self._depth: dict[int, int] = {-1: 0}
+        self._slots = TreeSlots(self.runner.device)
 
     def reset(self, context: list[int], target_out: ForwardOutput | None = None) -> None:
         self.runner.reset()
         self.unfed = list(context)
 
     def _expand(self, tokens: torch.Tensor, ids: list[int], parents: list[int]) -> torch.Tensor:
-        pending = self.runner.pending
-        m = len(ids)
-        mask = torch.zeros(m, pending + m, dtype=torch.bool)
-        positions = []
-        for row, (node, parent) in enumerate(zip(ids, parents, strict=True)):
-            self._parent[node] = parent
-            self._depth[node] = self._depth[parent] + 1
-            mask[row, pending + row] = True
-            while parent >= 0:
-                mask[row, self._slot[parent]] = True
-                parent = self._parent[parent]
-            positions.append(self.runner.length - 1 + self._depth[node])
-        out = self.runner.forward(tokens, torch.tensor(positions), mask)
-        for row, node in enumerate(ids):
-            self._slot[node] = pending + row
+        mask, depths = self._slots.add(ids, parents)  # the tree nodes are the pending entries
+        positions = torch.tensor([self.runner.length - 1 + d for d in depths],
+                                 device=self.runner.device)
+        out = self.runner.forward(tokens, positions, mask)
         return torch.log_softmax(out.logits.float(), dim=-1)
 
     def propose(self, root: int, max_depth: int) -> Tree:
-        feed = torch.tensor([*self.unfed, root], dtype=torch.long)
+        feed = torch.tensor([*self.unfed, root], dtype=torch.long, device=self.runner.device)
         logits = self.runner.forward(feed, logits_to_keep=1).logits[-1]
         self.runner.commit()
         self.unfed = []
-        self._slot, self._parent, self._depth = {}, {}, {-1: 0}
+        self._slots = TreeSlots(self.runner.device)
         root_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if self.choices:
             tree = grow_static_tree(root, root_logprobs, self._expand, self.choices, max_depth)

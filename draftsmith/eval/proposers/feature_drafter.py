@@ -12,11 +12,12 @@ import torch
 
 from draftsmith.eval.proposers.tree_expansion import (
     DynamicTreeConfig,
+    TreeSlots,
     grow_dynamic_tree,
     grow_static_tree,
 )
 from draftsmith.eval.runner import ForwardOutput
-from draftsmith.eval.tree import Tree
+from draftsmith.eval.tree import Tree, root_only_tree
 
 
 def chain_choices(length: int) -> tuple[tuple[int, ...], ...]:
@@ -57,26 +58,23 @@ class FeatureDrafterProposer:
             target_out.last_hidden, target_out.hidden_states, slice(None))
             if context else None)
 
-    def _mask(self, rows: int, visible_tree: torch.Tensor | None) -> torch.Tensor:
+    def _mask(self, rows: int, visible_tree: torch.Tensor) -> torch.Tensor:
         """(1, 1, rows, committed + tree) bool: committed entries visible, tree part given."""
-        committed = torch.ones(rows, self.length, dtype=torch.bool)
-        parts = [committed] if visible_tree is None else [committed, visible_tree]
-        return torch.cat(parts, dim=1)[None, None].to(self.pending_device)
+        committed = torch.ones(rows, self.length, dtype=torch.bool, device=self.device)
+        return torch.cat([committed, visible_tree], dim=1)[None, None]
 
     @torch.inference_mode()
     def propose(self, root: int, max_depth: int) -> Tree:
-        device = next(self.drafter.parameters()).device
-        self.pending_device = device
-        tokens = torch.tensor([*self.pending_tokens, root], device=device)
-        n = tokens.shape[0]
+        device = self.device = next(self.drafter.parameters()).device
         if self.pending_features is None and self.keys is None:
             # a one-token prompt: no target feature before the root yet; verify the root alone
-            return Tree(tokens=torch.tensor([root]), parents=torch.tensor([-1]),
-                        depths=torch.tensor([0]), is_chain=True)
+            return root_only_tree(root, device)
+        tokens = torch.tensor([*self.pending_tokens, root], device=device)
+        n = tokens.shape[0]
         if self.pending_features is None or self.pending_features.shape[0] != n:
             raise RuntimeError("feature drafter out of step with the target (a bug)")
         positions = torch.arange(self.length, self.length + n, device=device)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         past = None if self.keys is None else (self.keys, self.values)
         hidden, logp, (k, v) = self.drafter.draft(tokens, self.pending_features, positions,
                                                    self._mask(n, causal), past, last_only=True)
@@ -86,37 +84,24 @@ class FeatureDrafterProposer:
         self.pending_tokens, self.pending_features = [], None
 
         self._features = {-1: hidden[-1]}
-        self._parent, self._depth, self._slot = {}, {-1: 0}, {}
+        self._slots = TreeSlots(device)
         self._tree_k, self._tree_v = [], []
         if self.dynamic is not None:
             return grow_dynamic_tree(root, logp[-1], self._expand, self.dynamic, max_depth)
         return grow_static_tree(root, logp[-1], self._expand, self.choices, max_depth)
 
     def _expand(self, tokens: torch.Tensor, ids: list[int], parents: list[int]) -> torch.Tensor:
-        device = self.pending_device
-        existing = sum(k.shape[2] for k in self._tree_k)
-        m = len(ids)
-        visible = torch.zeros(m, existing + m, dtype=torch.bool)
-        positions = []
-        for row, (node, parent) in enumerate(zip(ids, parents, strict=True)):
-            self._parent[node] = parent
-            self._depth[node] = self._depth[parent] + 1
-            visible[row, existing + row] = True
-            ancestor = parent
-            while ancestor >= 0:
-                visible[row, self._slot[ancestor]] = True
-                ancestor = self._parent[ancestor]
-            positions.append(self.length - 1 + self._depth[node])
+        visible, depths = self._slots.add(ids, parents)
+        positions = torch.tensor([self.length - 1 + d for d in depths], device=self.device)
         features = torch.stack([self._features[p] for p in parents])
         keys = torch.cat([self.keys, *self._tree_k], dim=2)
         values = torch.cat([self.values, *self._tree_v], dim=2)
         hidden, logp, (k, v) = self.drafter.draft(
-            tokens.to(device), features, torch.tensor(positions, device=device),
-            self._mask(m, visible), (keys, values))
+            tokens.to(self.device), features, positions, self._mask(len(ids), visible),
+            (keys, values))
         self._tree_k.append(k)
         self._tree_v.append(v)
         for row, node in enumerate(ids):
-            self._slot[node] = existing + row
             self._features[node] = hidden[row]
         return logp
 

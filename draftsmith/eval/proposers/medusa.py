@@ -10,7 +10,7 @@ import torch
 
 from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES
 from draftsmith.eval.runner import ForwardOutput
-from draftsmith.eval.tree import Tree, static_tree_choices
+from draftsmith.eval.tree import Tree, root_only_tree, static_tree_choices, tree_from_lists
 
 
 class MedusaProposer:
@@ -36,17 +36,15 @@ class MedusaProposer:
     def propose(self, root: int, max_depth: int) -> Tree:
         choices = [c for c in self.choices if len(c) <= max_depth]
         ordered, parents = static_tree_choices(choices)
+        device = next(self.heads.parameters()).device
         if len(ordered) == 1 or self.hidden is None:
-            return Tree(tokens=torch.tensor([root]), parents=torch.tensor([-1]),
-                        depths=torch.tensor([0]), is_chain=True)
+            return root_only_tree(root, device)
         logits = self.heads(self.hidden[None, None])[:, 0, 0]  # (K, V)
         widest = max(c[-1] for c in ordered[1:]) + 1
         top = logits.topk(widest, dim=-1).indices.tolist()  # (K, widest)
         tokens = [root] + [top[len(c) - 1][c[-1]] for c in ordered[1:]]
         depths = [len(c) for c in ordered]
-        return Tree(tokens=torch.tensor(tokens), parents=torch.tensor(parents),
-                    depths=torch.tensor(depths),
-                    is_chain=all(p == i - 1 for i, p in enumerate(parents)))
+        return tree_from_lists(tokens, parents, depths, device)
 
     def skip(self, root: int) -> None:
         """This step's tree came from elsewhere: the heads read only the next accepted state."""

@@ -46,11 +46,12 @@ class MTPProposer:
                       for i in positions]
             hidden = torch.stack([inputs[i] for i in positions])[None]
             n = len(positions)
-            mask = torch.cat([torch.ones(n, start, dtype=torch.bool),
-                              torch.ones(n, n, dtype=torch.bool).tril()], dim=1)[None, None]
+            mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=device),
+                              torch.ones(n, n, dtype=torch.bool, device=device).tril()],
+                             dim=1)[None, None]
             out, logits, (keys, values) = self.drafter.module_step(
                 k, torch.tensor([tokens], device=device), hidden,
-                torch.tensor([positions], device=device), mask.to(device), self.kv[k])
+                torch.tensor([positions], device=device), mask, self.kv[k])
             drafts.append(int(logits[0, -1].argmax()))
             # commit entries whose token was verified: i + k + 1 <= R
             keep = max(0, min(n, last - k - start))
@@ -65,7 +66,7 @@ class MTPProposer:
             step_outputs = {i: out[0, row] for row, i in enumerate(positions)}
             inputs = {**self.outputs[k], **step_outputs}
         self._prune()
-        return chain_tree(root, drafts)
+        return chain_tree(root, drafts, device=device)
 
     def _prune(self) -> None:
         for i in [i for i in self.features if i < self.committed[0]]:

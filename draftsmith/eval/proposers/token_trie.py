@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
-
-from draftsmith.eval.tree import Tree, static_tree_choices
+from draftsmith.eval.tree import Tree, static_tree_choices, tree_from_lists
 
 
 def trie_nodes(root: int, sequences: Iterable[tuple[int, ...]]) -> tuple[list[int], list[int], list[int]]:
@@ -22,7 +20,6 @@ def trie_nodes(root: int, sequences: Iterable[tuple[int, ...]]) -> tuple[list[in
 
 
 def tree_from_nodes(tokens: list[int], parents: list[int], depths: list[int]) -> Tree:
-    """A `Tree` from node lists (topological order, node 0 the root)."""
-    return Tree(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents),
-                depths=torch.tensor(depths),
-                is_chain=all(p == i - 1 for i, p in enumerate(parents)))
+    """A `Tree` from host node lists (topological order, node 0 the root), built on the CPU: the
+    decoding loop moves its tokens to the target's device."""
+    return tree_from_lists(tokens, parents, depths, "cpu")
