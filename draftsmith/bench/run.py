@@ -30,6 +30,7 @@ from draftsmith.bench.engine_stage import engine_check, read_engine_checks
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
 from draftsmith.files import write_json
+from draftsmith.train.metrics import metrics_rows
 
 
 def prepare_data(config: BenchConfig, log=print) -> Path:
@@ -81,9 +82,9 @@ def _train(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
 
 
 def _metrics(folder: Path) -> list[dict]:
+    """A training run's metrics rows (none before it started; a torn last line dropped)."""
     path = folder / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-        if path.is_file() else []
+    return [row for _, row in metrics_rows(path)] if path.is_file() else []
 
 
 def seconds_per_step(rows: list[dict]) -> float:

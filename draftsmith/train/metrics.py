@@ -41,24 +41,8 @@ class MetricsLog:
         """
         if not self.accelerator.is_main_process or not self.path.is_file():
             return
-        text = self.path.read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines()
-        keep = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            row = _json_object(line)
-            if row is None and number == len(lines) and not text.endswith("\n"):
-                self.accelerator.print(f"{self.path}: dropped its half-written last line (a run "
-                                       "was killed while writing it)")
-                continue
-            if row is None or not isinstance(row.get("step", 0), (int, float)):
-                raise DraftsmithError(
-                    f"{self.path}:{number} is not a metrics row ({line[:80]!r}); the log is "
-                    "damaged: delete that line, or the whole file (it is only a log; the training "
-                    "state is in the checkpoints), and run again")
-            if row.get("step", 0) <= step:
-                keep.append(line)
+        keep = [line for line, row in metrics_rows(self.path, self.accelerator.print)
+                if row.get("step", 0) <= step]
         write_atomic(self.path, lambda tmp: tmp.write_text("".join(f"{k}\n" for k in keep)))
 
     def write(self, row: dict) -> None:
@@ -66,6 +50,32 @@ class MetricsLog:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
         self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row.get("step"))
+
+
+def metrics_rows(path: Path, note=print) -> list[tuple[str, dict]]:
+    """Each row of a `metrics.jsonl` with its line; a half-written last line (a run killed while
+    writing it) is dropped with a note.
+
+    Raises:
+        DraftsmithError: any other line is not a JSON object with a numeric step.
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = _json_object(line)
+        if row is None and number == len(lines) and not text.endswith("\n"):
+            note(f"{path}: dropped its half-written last line (a run was killed while writing it)")
+            continue
+        if row is None or not isinstance(row.get("step", 0), (int, float)):
+            raise DraftsmithError(
+                f"{path}:{number} is not a metrics row ({line[:80]!r}); the log is damaged: "
+                "delete that line, or the whole file (it is only a log; the training state is in "
+                "the checkpoints), and run again")
+        rows.append((line, row))
+    return rows
 
 
 def _json_object(line: str) -> dict | None:

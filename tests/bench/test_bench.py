@@ -12,7 +12,7 @@ import yaml
 
 from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.report_stats import set_mean
-from draftsmith.bench.run import kind_recipe, seconds_per_step, tokens_per_second
+from draftsmith.bench.run import _metrics, kind_recipe, seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe
@@ -311,3 +311,15 @@ def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
     assert "| best trained drafter faster than prompt lookup | > 1.40x | 1.10x | missed |" in lines
     assert "| EAGLE-3 + prompt lookup faster than prompt lookup | > 1.40x | 1.50x | met |" in lines
     assert missed == ["best trained-drafter speedup 1.10x misses 1.6x by 0.50x."]
+
+
+def test_a_training_log_with_a_torn_last_line_is_read_without_it(tmp_path, capsys):
+    rows = [{"step": s, "seconds": 0.5 * s, "loss": 1.0} for s in range(1, 5)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "seco')
+    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3, 4]
+    assert "dropped its half-written last line" in capsys.readouterr().out
+    assert seconds_per_step(_metrics(tmp_path)) == pytest.approx(0.5)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(DraftsmithError, match=r"metrics.jsonl:2 is not a metrics row"):
+        _metrics(tmp_path)
