@@ -271,6 +271,8 @@ def load_target(
     choice = _choose_dtype(spec, (source, kwargs), dtype, device, trust_remote_code)
     torch_dtype = resolve_dtype(choice.dtype)
     tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    if torch_device.type == "cuda":  # weights go straight to the GPU, never whole in host RAM
+        kwargs = {**kwargs, "device_map": torch_device}
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code, **kwargs

@@ -179,7 +179,10 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         data_recipe(recipe)  # validates the data section before any model is loaded
     accelerator = make_accelerator(recipe)
     try:
-        target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
+        # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
+        # and regeneration and caching inside `train` compute there too
+        target = load_target(recipe.target.name, dtype=recipe.target.dtype,
+                             device=str(accelerator.device),
                              trust_remote_code=recipe.target.trust_remote_code)
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target)
