@@ -8,22 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from draftsmith.config_values import add_prompt_arguments, positive_int_arg
+from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
-
-
-def _add_target_args(parser: argparse.ArgumentParser) -> None:
-    from draftsmith.offline_models import DEFAULT_TARGET
-
-    parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help="offline model name, local folder, .gguf file or Hub id "
-                        f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (measured: bf16 only where this machine runs it fast) | float32 | "
-                        "bfloat16 | float16 (default: auto)")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run model code from the Hub repo (off by default)")
+from draftsmith.offline_models import add_target_arguments
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -107,74 +94,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tree_budget(text: str) -> str:
-    """argparse type of --tree-total-tokens: `auto` or an integer >= 1."""
-    if text != "auto":
-        positive_int_arg(text)
-    return text
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """`--drafter DIR` (once) or `--drafter LABEL=DIR` (any number) -> (DIR or None, pairs)."""
-    single = [v for v in values if "=" not in v]
-    named = tuple(tuple(v.split("=", 1)) for v in values if "=" in v)
-    for value in values:
-        label, sep, folder = value.rpartition("=") if "=" in value else ("", "", value)
-        if not folder.strip() or (sep and not label.strip()):
-            missing = "folder" if not folder.strip() else "label"
-            raise DraftsmithError(f"--drafter {value!r} names no {missing}; "
-                                  "write --drafter DIR, or --drafter LABEL=DIR with both parts")
-    if len(single) > 1 or (single and named):
-        raise DraftsmithError("give one --drafter DIR, or name each drafter: --drafter LABEL=DIR "
-                              "(methods then take @LABEL, e.g. drafter_dynamic@eagle1)")
-    return (single[0] if single else None), named
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from draftsmith.data.prompts import chosen_sets
-    from draftsmith.eval.config import build_eval_config
-    from draftsmith.eval.evaluate import run_eval
-
-    methods = list(_csv(args.methods))
-    single, named = _drafter_args(args.drafter or [])
-    suffixes = [""] if single else [f"@{label}" for label, _ in named]
-    for suffix in suffixes:
-        label = suffix[1:]
-        if not any(m.startswith("drafter") and m.endswith(suffix) and (label or "@" not in m)
-                   for m in methods):
-            methods.append("drafter" + suffix)
-    if args.baselines:
-        methods += ["prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
-        methods += [f"drafter_lookup{suffix}" for suffix in suffixes]
-        if args.datastore:
-            methods += ["rest"]
-        if args.draft_model:
-            methods += ["draft_model", "hf_assisted"]
-    config = build_eval_config(
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
-        lookup_max_ngram=args.lookup_max_ngram, tree_topk=args.tree_topk,
-        tree_depth=args.tree_depth, tree_total_tokens=args.tree_total_tokens,
-        lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
-        lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
-        datastore=args.datastore, hybrid_min_ngram=args.hybrid_min_ngram,
-        target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
-        bench=chosen_sets(args.bench, bool(args.prompts)),
-        prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
-        lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
-        target_quant=args.target_quant,
-        limit=args.limit, max_new_tokens=args.max_new_tokens,
-        methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
-        trust_remote_code=args.trust_remote_code,
-    )
-    run_eval(config)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
@@ -189,14 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=cmd_models)
 
     generate = verbs.add_parser("generate", help="plain greedy chat generation with a target")
-    _add_target_args(generate)
+    add_target_arguments(generate)
     generate.add_argument("--prompt", default="What is speculative decoding? Answer in two sentences.")
     generate.add_argument("--max-new-tokens", type=positive_int_arg, default=64)
     generate.set_defaults(func=cmd_generate)
 
     machine = verbs.add_parser("machine", help="what this machine makes of a target: dtype chosen "
                                "and why, and the verify-cost curve (forward time of n tokens)")
-    _add_target_args(machine)
+    add_target_arguments(machine)
     machine.add_argument("--context", type=positive_int_arg, default=200,
                          help="cached tokens before the forward (at least 1; with the longest "
                          "forward, 32 tokens, within the target's context length)")
@@ -206,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from draftsmith.bench.cli import add_bench_parser
     from draftsmith.data.cli import add_data_parser
+    from draftsmith.eval.cli import add_eval_parser
     from draftsmith.export.cli import add_export_parser, add_push_parser
     from draftsmith.serving.serve_check_cli import add_serve_check_parser
 
@@ -217,72 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=1e-4")
     train.set_defaults(func=cmd_train)
 
-    ev = verbs.add_parser("eval", help="speculative decoding: tau, acceptance, speedup vs baselines")
-    _add_target_args(ev)
-    ev.add_argument("--drafter", action="append",
-                    help="trained drafter folder (from `draftsmith train` or an export); adds the "
-                    "`drafter` method. Several in one run: --drafter LABEL=DIR, repeated, and "
-                    "methods such as drafter@LABEL or drafter_dynamic@LABEL")
-    ev.add_argument("--draft-model", help="classic draft model spec (same tokenizer as the target)")
-    ev.add_argument("--methods", default="plain,prompt_lookup",
-                    help="comma list: plain, prompt_lookup, lookahead, rest, draft_model, "
-                    "draft_model_tree, drafter, drafter_chain, drafter_static, drafter_dynamic, "
-                    "drafter_lookup, hf_generate, hf_assisted, hf_prompt_lookup")
-    ev.add_argument("--baselines", action="store_true",
-                    help="add prompt lookup, lookahead, HF generate / prompt lookup, with "
-                    "--datastore REST, with --drafter each drafter with prompt lookup "
-                    "(drafter_lookup), and with --draft-model the classic draft model and HF "
-                    "assisted generation")
-    add_prompt_arguments(ev, limit=5)
-    ev.add_argument("--check-lossless", action="store_true",
-                    help="a gate, in float32: greedy, exit non-zero naming the first divergent "
-                    "token of any method (at any batch size) that does not reproduce plain "
-                    "decoding; at --temperature > 0, a chi-square test of each method's first "
-                    "2 tokens against the target's distribution (false-failure odds 1e-3)")
-    ev.add_argument("--lossless-samples", type=positive_int_arg, default=300,
-                    help="draws per method and prompt of the sampling gate (at least 50)")
-    ev.add_argument("--batch-size", default="1",
-                    help="comma list of batch sizes, e.g. 1,2,4,8 (1 always runs): above 1, plain "
-                    "decoding and the chain methods decode batches of prompts at once, with "
-                    "tokens/s and speedup per batch size (trees run at batch 1 only for now)")
-    ev.add_argument("--target-quant", default="none",
-                    help="target variants, e.g. none,int8wo: every method also runs against an "
-                    "int8 copy of the target on the CPU, on the same prompts, each with speedup "
-                    "against its own plain decoding and the acceptance drop against the target as "
-                    "loaded; that copy's output is the int8 model's. int8wo: weight-only int8, "
-                    "activations in the target's dtype, exact over its own decoding; int8: "
-                    "torch's dynamic int8 (float32 base; a verify's rows share activation scales, "
-                    "so not exact) (default: none)")
-    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ev.add_argument("--top-p", type=float, default=1.0)
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--num-draft-tokens", type=positive_int_arg, default=4,
-                    help="chain length of the draft model and trained-drafter chains")
-    ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
-                    help="prompt lookup chain length")
-    ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
-    ev.add_argument("--hybrid-min-ngram", type=positive_int_arg, default=3,
-                    help="drafter_lookup: drafts from prompt lookup when it matches a suffix of "
-                    "at least this many tokens, else from the trained drafter")
-    ev.add_argument("--lookahead-window", type=positive_int_arg, default=4,
-                    help="lookahead decoding: W, columns of the Jacobi window")
-    ev.add_argument("--lookahead-ngram", type=positive_int_arg, default=3,
-                    help="lookahead decoding: N, n-gram size (the window has N-1 levels)")
-    ev.add_argument("--lookahead-guesses", type=positive_int_arg, default=4,
-                    help="lookahead decoding: G, n-grams verified per step")
-    ev.add_argument("--datastore", metavar="DIR",
-                    help="REST datastore: the datastore/ folder `draftsmith data run` writes with "
-                    "data.datastore set (adds nothing by itself: use --methods rest or --baselines)")
-    ev.add_argument("--rest-tokens", type=positive_int_arg, default=16,
-                    help="REST: draft tokens in the retrieved tree")
-    ev.add_argument("--tree-topk", type=positive_int_arg, default=4)
-    ev.add_argument("--tree-depth", type=positive_int_arg, default=6)
-    ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",
-                    help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
-                    "machine and the drafter's confidences and pick, per dynamic-tree method, the "
-                    "depth and size with the best expected tokens/s")
-    ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
-    ev.set_defaults(func=cmd_eval)
+    add_eval_parser(verbs)
 
     add_export_parser(verbs)
     add_push_parser(verbs)

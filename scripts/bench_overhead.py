@@ -14,14 +14,14 @@ from pathlib import Path
 
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
-from draftsmith.eval.decode import generate
-from draftsmith.eval.evaluate import git_commit
-from draftsmith.eval.proposers.base import NoDraftProposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
-from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.base import NoDraftProposer
+from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
 from draftsmith.target import load_target
 
 

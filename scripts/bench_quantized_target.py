@@ -24,11 +24,11 @@ import torch
 
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.autotune import measure_verify_cost
-from draftsmith.eval.evaluate import git_commit
-from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
 from draftsmith.quantize import quantize_model
 from draftsmith.target import load_target
 

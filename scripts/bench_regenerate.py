@@ -30,9 +30,9 @@ from draftsmith.data.regenerate import generate_batch, regenerate
 from draftsmith.data.regeneration_server import open_regeneration_server
 from draftsmith.data.render import prompt_ids, resolve_chat_template
 from draftsmith.data.sources import load_conversations
-from draftsmith.eval.evaluate import git_commit
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
 from draftsmith.target import load_target
 
 MAX_LENGTH = 384

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from draftsmith.eval.evaluate import git_commit
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
 from draftsmith.train.budget import SCHEDULES
 
 

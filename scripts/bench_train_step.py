@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.draft_vocab import load_draft_vocab
-from draftsmith.eval.evaluate import git_commit
 from draftsmith.files import write_json
 from draftsmith.models.eagle3 import eagle3_loss
+from draftsmith.models.features import cached_features
 from draftsmith.precision import describe_hardware, hardware_record
-from draftsmith.registry import cached_features, get_spec
+from draftsmith.provenance import git_commit
+from draftsmith.registry import get_spec
 from draftsmith.target import load_target
 from draftsmith.train.batching import collate
 from draftsmith.train.recipe import load_recipe

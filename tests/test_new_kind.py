@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from draftsmith.eval.decode import generate
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
-from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.export import export_drafter, load_any_drafter
 from draftsmith.export.formats import FORMATS
 from draftsmith.export.record import ExportedDrafter, ExportFormat
@@ -22,7 +22,7 @@ from draftsmith.models.layers import shift_left
 from draftsmith.registry import DRAFTERS, DrafterSpec
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
-from tests.eval.test_decode import _prompt, _reference
+from tests.decoding.test_decode import _prompt, _reference
 from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

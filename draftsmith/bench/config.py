@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
+from draftsmith.engines.engine_env import own_engine_python
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_methods, split_method
 from draftsmith.serving import ENGINES
-from draftsmith.serving.engine_env import own_engine_python
 from draftsmith.target import DTYPE_CHOICES
 
 

@@ -44,7 +44,7 @@ def read_engine_checks(config: BenchConfig) -> dict:
 
 
 def _check_one(config: BenchConfig, engine: str, log) -> dict:
-    from draftsmith.data.prompts import gather_prompts
+    from draftsmith.data.prompt_files import gather_prompts
     from draftsmith.export.write import export_drafter
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import run_serve_check

@@ -233,10 +233,10 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     Raises:
         DraftsmithError: see `draftsmith.eval.prompts_fit.check_prompts_fit`.
     """
-    from draftsmith.data.prompts import gather_prompts
+    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
     from draftsmith.eval.methods import ProposerSettings
     from draftsmith.eval.prompts_fit import check_prompts_fit, draft_margin, target_context_length
-    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
     from draftsmith.target import load_tokenizer
 
     ev = config.eval

@@ -34,13 +34,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from draftsmith.data.batching import collate, plan_batches
-from draftsmith.data.features import (
-    extract_features,
-    hidden_key,
-    layers_for_kind,
-    layers_for_kinds,
-    num_decoder_layers,
-)
+from draftsmith.data.features import layers_for_kind, layers_for_kinds
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
 from draftsmith.data.shards import (
@@ -53,6 +47,7 @@ from draftsmith.data.shards import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_atomic
+from draftsmith.models.features import extract_features, hidden_key, num_decoder_layers
 from draftsmith.target import DTYPES
 
 KIND = "feature_cache"

@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -306,3 +307,17 @@ def build_datastore_step(config, samples, tokenizer, out_dir: Path, tokenized: P
     log(f"{datastore.describe()}; saved {folder}")
     return {"folder": str(folder), **{k: v for k, v in datastore.report().items()
                                       if not k.startswith(("lookup", "hit"))}}
+
+
+def open_datastore(path: str) -> Datastore:
+    """The datastore at `path`, loaded once per process and shared by every prompt's proposer
+    (loaded again when its files change)."""
+    folder = Path(path).parent if Path(path).is_file() else Path(path)
+    stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
+                  for f in (folder / MANIFEST, folder / TENSORS))
+    return _load(path, stamp)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, stamp: tuple) -> Datastore:
+    return load_datastore(path)

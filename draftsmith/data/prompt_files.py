@@ -1,4 +1,5 @@
-"""Evaluation prompts from the user's own files (`draftsmith eval --prompts FILE`).
+"""Evaluation prompts: the built-in sets and the user's own files (`draftsmith eval --prompts FILE`),
+gathered into one list (`gather_prompts`).
 
 Three shapes, told apart by the content:
   * JSONL in the Spec-Bench / MT-bench shape: `{"question_id": ..., "category": ..., "turns":
@@ -16,7 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from draftsmith.data.prompts import BenchPrompt
+from draftsmith.data.prompts import SOURCES, BenchPrompt, load_prompts
 from draftsmith.errors import DraftsmithError
 
 
@@ -81,3 +82,17 @@ def load_prompt_file(path: str | Path, limit: int | None = None) -> list[BenchPr
         per_set[set_name] += 1
         prompts.append(BenchPrompt(set_name, item_id, turns))
     return prompts
+
+
+def gather_prompts(sets, files, limit: int | None) -> list[BenchPrompt]:
+    """The first `limit` items of each built-in set, then of each prompt file (per category).
+
+    Raises:
+        DraftsmithError: an unknown set name (listing the sets), or a bad prompt file.
+    """
+    unknown = [name for name in sets if name not in SOURCES]
+    if unknown:
+        raise DraftsmithError(f"unknown prompt set(s) {unknown}; choose from: "
+                              f"{', '.join(SOURCES)}")
+    return [*(p for name in sets for p in load_prompts(name, limit)),
+            *(p for path in files for p in load_prompt_file(path, limit))]

@@ -85,19 +85,3 @@ def chosen_sets(bench: str | None, has_files: bool) -> tuple[str, ...]:
     if bench is not None:
         return tuple(s.strip() for s in bench.split(",") if s.strip())
     return () if has_files else tuple(SOURCES)
-
-
-def gather_prompts(sets, files, limit: int | None) -> list[BenchPrompt]:
-    """The first `limit` items of each built-in set, then of each prompt file (per category).
-
-    Raises:
-        DraftsmithError: an unknown set name (listing the sets), or a bad prompt file.
-    """
-    from draftsmith.data.prompt_files import load_prompt_file
-
-    unknown = [name for name in sets if name not in SOURCES]
-    if unknown:
-        raise DraftsmithError(f"unknown prompt set(s) {unknown}; choose from: "
-                              f"{', '.join(SOURCES)}")
-    return [*(p for name in sets for p in load_prompts(name, limit)),
-            *(p for path in files for p in load_prompt_file(path, limit))]

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.decode import generate
-from draftsmith.eval.proposers.base import Proposer
-from draftsmith.eval.runner import CausalLMRunner
-from draftsmith.eval.sampling import SamplingConfig
-from draftsmith.eval.tree import chain_tree
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.base import Proposer
+from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.decoding.tree import chain_tree
 
 
 def measure_verify_cost(runner: CausalLMRunner, sizes: list[int], context_len: int = 200,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from draftsmith.eval.batched import TREES_AT_BATCH_1
+from draftsmith.decoding.batched import TREES_AT_BATCH_1
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.hf_baselines import HF_METHODS
 from draftsmith.eval.lossless import first_divergence

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.data.prompts import SOURCES as PROMPT_SETS
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import ProposerSettings, check_hybrid_settings, check_methods
-from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.quantize import parse_target_quant
 from draftsmith.target import DTYPE_CHOICES, resolve_device
@@ -167,7 +167,7 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
     Raises:
         DraftsmithError: a bad sampling, proposer or tree setting, naming it.
     """
-    from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
+    from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 
     auto = tree_total_tokens == "auto"
     try:

@@ -7,7 +7,6 @@ MT-bench the second turn follows the first method's answer, the same context for
 from __future__ import annotations
 
 import datetime
-import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.chat import render_chat
-from draftsmith.data.prompts import gather_prompts
+from draftsmith.data.prompt_files import gather_prompts
+from draftsmith.decoding.proposers.draft_model import check_same_vocab
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
@@ -38,7 +38,6 @@ from draftsmith.eval.methods import (
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
 from draftsmith.eval.prompts_fit import check_eval_prompts_fit
-from draftsmith.eval.proposers.draft_model import check_same_vocab
 from draftsmith.eval.report import (
     format_batch_table,
     format_table,
@@ -50,16 +49,8 @@ from draftsmith.eval.report import (
 from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
 from draftsmith.target import load_target
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).parent, timeout=5)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
 
 
 def _uses_dynamic_tree(method: str, drafters: dict) -> bool:

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import copy
 
+from draftsmith.decoding.batched import BatchResult, generate_batch
+from draftsmith.decoding.batched_runner import BatchedLMRunner
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.base import Proposer
+from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.drafter_folder import merge_lora
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.batched import BatchResult, generate_batch
-from draftsmith.eval.batched_runner import BatchedLMRunner
 from draftsmith.eval.config import EvalConfig
-from draftsmith.eval.decode import generate
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
 from draftsmith.eval.methods import NEEDS_DRAFTER, ProposerSettings, make_proposer, split_method
 from draftsmith.eval.metrics import RunRecord
-from draftsmith.eval.proposers.base import Proposer
-from draftsmith.eval.runner import CausalLMRunner
-from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.export.load import load_any_drafter
 
 

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from draftsmith.eval.sampling import SamplingConfig
+from draftsmith.decoding.sampling import SamplingConfig
 
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 

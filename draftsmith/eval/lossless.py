@@ -16,10 +16,10 @@ from dataclasses import replace
 
 import torch
 
+from draftsmith.decoding.sampling import SamplingConfig, logits_to_probs
+from draftsmith.decoding.tree import ancestor_mask
 from draftsmith.eval.distribution_test import MIN_EXPECTED, fit_first_tokens
 from draftsmith.eval.methods import NEEDS_DRAFTER, split_method
-from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
-from draftsmith.eval.tree import ancestor_mask
 
 GATE_TOKENS = 2
 GATE_PROMPTS = 2

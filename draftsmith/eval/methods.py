@@ -7,19 +7,20 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.data.datastore import open_datastore
+from draftsmith.decoding.proposers.base import NoDraftProposer, Proposer
+from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
+from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
+from draftsmith.decoding.proposers.lookahead import LookaheadProposer
+from draftsmith.decoding.proposers.medusa import MedusaProposer
+from draftsmith.decoding.proposers.mtp import MTPProposer
+from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
+from draftsmith.decoding.proposers.rest import RestProposer
+from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.hf_baselines import HF_METHODS
-from draftsmith.eval.proposers.base import NoDraftProposer, Proposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
-from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
-from draftsmith.eval.proposers.hybrid import LookupHybridProposer
-from draftsmith.eval.proposers.lookahead import LookaheadProposer
-from draftsmith.eval.proposers.medusa import MedusaProposer
-from draftsmith.eval.proposers.mtp import MTPProposer
-from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
-from draftsmith.eval.proposers.rest import RestProposer, open_datastore
-from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
-from draftsmith.eval.sampling import SamplingConfig
 from draftsmith.registry import get_spec
 
 OUR_METHODS = {

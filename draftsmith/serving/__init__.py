@@ -1,3 +1,4 @@
-"""Serving engines draftsmith starts on loopback: llama.cpp's server (regeneration, checks) and vLLM."""
+"""serve-check: a drafter export proven in a real serving engine (the engines' processes are in
+`draftsmith.engines`), the engine's outputs and acceptance next to draftsmith's own loop."""
 
 ENGINES = ("llama.cpp", "vllm")  # what `serve-check --engine` runs

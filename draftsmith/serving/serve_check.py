@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
-from draftsmith.errors import DraftsmithError
-from draftsmith.serving import ENGINES
-from draftsmith.serving.engine_requests import (
+from draftsmith.engines.engine_requests import (
     EngineAnswer,
     accepted_per_position,
     complete_greedy,
@@ -29,7 +27,9 @@ from draftsmith.serving.engine_requests import (
     metric_total,
     read_metrics,
 )
-from draftsmith.serving.llama_cpp import DraftOptions, LlamaCppServer
+from draftsmith.engines.llama_cpp import DraftOptions, LlamaCppServer
+from draftsmith.errors import DraftsmithError
+from draftsmith.serving import ENGINES
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
              log: Callable[[str], None] = print, dtype: str = "float32") -> EngineRun:
     """Greedy answers to every prompt from one vLLM server (one sequence at a time); each
     answer's drafted and accepted tokens are the spec-decode counters' change over its request."""
-    from draftsmith.serving.vllm import VllmServer
+    from draftsmith.engines.vllm import VllmServer
 
     drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
     with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),

@@ -12,7 +12,8 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
-    from draftsmith.data.prompts import chosen_sets, gather_prompts
+    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.data.prompts import chosen_sets
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import (
         check_targets,

@@ -13,9 +13,9 @@ from pathlib import Path
 def loop_acceptance(target_dir: Path, export_dir: Path, prompts: list[list[int]],
                     max_new_tokens: int, draft_max: int) -> dict:
     """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop."""
-    from draftsmith.eval.decode import generate
+    from draftsmith.decoding.decode import generate
+    from draftsmith.decoding.runner import CausalLMRunner
     from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
-    from draftsmith.eval.runner import CausalLMRunner
     from draftsmith.export.load import load_any_drafter
     from draftsmith.target import load_target
 

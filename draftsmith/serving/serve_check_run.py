@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
+from draftsmith.engines.llama_cpp import DraftOptions, engine_record
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_json
-from draftsmith.serving.llama_cpp import DraftOptions, engine_record
 from draftsmith.serving.serve_check import (
     ServeCheckSettings,
     compare_outputs,
@@ -56,7 +56,7 @@ def check_targets(spec: str, target_gguf: str | None, engine: str,
     Raises:
         DraftsmithError: whatever is missing, corrupted or of another model, named.
     """
-    from draftsmith.serving.engine_env import own_engine_python
+    from draftsmith.engines.engine_env import own_engine_python
     from draftsmith.serving.target_gguf import check_target_gguf
 
     if target_gguf and engine != "llama.cpp":
@@ -195,9 +195,9 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
 def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
               settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
     """(plain run, speculative run, what served them) in vLLM with the export as written."""
+    from draftsmith.engines import vllm
     from draftsmith.export.cli import load_target_config
     from draftsmith.precision import choose_dtype
-    from draftsmith.serving import vllm
 
     config = load_target_config(str(target_dir))  # the engine's dtype measured as `auto` chooses
     choice = choose_dtype("auto", "cpu", config.hidden_size,

@@ -18,8 +18,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.features import cached_features, target_features
 from draftsmith.precision import choose_mixed_precision
-from draftsmith.registry import cached_features, get_spec, target_features
+from draftsmith.registry import get_spec
 from draftsmith.train.batching import collate, epoch_order, split_examples
 from draftsmith.train.budget import CALIBRATION_STEPS, StepSchedule, steps_for_budget
 from draftsmith.train.checkpoint import save_drafter, save_state

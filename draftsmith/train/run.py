@@ -129,16 +129,15 @@ def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
         DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers.
     """
     from draftsmith.data.cache import FeatureCache
-    from draftsmith.data.features import hidden_key
     from draftsmith.data.identity import TargetIdentity
+    from draftsmith.models.features import hidden_key
     from draftsmith.registry import get_spec
 
     if not recipe.data.get("cache"):
         raise DraftsmithError("train.features=offline needs a data.cache section listing this "
                               f"drafter kind ({recipe.kind}) in data.cache.kinds")
     num_layers = target.model.config.num_hidden_layers
-    aux = get_spec(recipe.kind).aux_layers(num_layers, recipe.drafter_config())
-    indices = sorted({num_layers, *[i + 1 for i in aux]})
+    indices = get_spec(recipe.kind).hidden_indices(num_layers, recipe.drafter_config())
     cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
                               layers=indices)
     return list(cache.iter_samples(keys=[hidden_key(i) for i in indices],

@@ -7,10 +7,11 @@ import torch
 from draftsmith.data.cache import FeatureCache, build_feature_cache, plan_shards
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.draft_vocab import token_counts
-from draftsmith.data.features import extract_features, hidden_key, layers_for_kind, layers_for_kinds
+from draftsmith.data.features import layers_for_kind, layers_for_kinds
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import render_conversations, resolve_chat_template
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.features import extract_features, hidden_key
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
 

@@ -21,7 +21,8 @@ def test_unknown_set_lists_the_choices():
 
 
 def test_chosen_sets_and_an_unknown_set():
-    from draftsmith.data.prompts import chosen_sets, gather_prompts
+    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.data.prompts import chosen_sets
     from draftsmith.errors import DraftsmithError
 
     assert chosen_sets(None, has_files=False) == ("mt_bench", "humaneval", "gsm8k")

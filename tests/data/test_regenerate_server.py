@@ -16,9 +16,9 @@ from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import render_messages, resolve_chat_template
 from draftsmith.data.server_check import check_serves_target
 from draftsmith.data.server_client import ChatServer, ServerUnavailable
+from draftsmith.engines.llama_cpp import LlamaCppServer
 from draftsmith.errors import DraftsmithError
 from draftsmith.offline_models import gguf_path
-from draftsmith.serving.llama_cpp import LlamaCppServer
 from tests.helpers.state import require_offline_model
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer

@@ -1,9 +1,9 @@
 """Tree budget auto-tuning on a tiny target: measured costs, expected tau, a choice among sizes."""
 
+from draftsmith.decoding.proposers.draft_model import DraftModelTreeProposer
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.autotune import autotune_tree, measure_verify_cost
-from draftsmith.eval.proposers.draft_model import DraftModelTreeProposer
-from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-from draftsmith.eval.runner import CausalLMRunner
 from tests.helpers.tiny_targets import tiny_target
 
 

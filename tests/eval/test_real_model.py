@@ -9,13 +9,13 @@ import torch
 
 from draftsmith.chat import chat_input_ids
 from draftsmith.cli import main
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.base import NoDraftProposer
+from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
+from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
+from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.drafter_folder import DRAFTER_CONFIG
-from draftsmith.eval.decode import generate
-from draftsmith.eval.proposers.base import NoDraftProposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
-from draftsmith.eval.proposers.prompt_lookup import PromptLookupProposer
-from draftsmith.eval.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
-from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.target import load_target
 from draftsmith.train.joint import wrap_with_lora
 from tests.helpers.export_helpers import build_drafter, write_checkpoint

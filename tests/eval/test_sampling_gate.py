@@ -13,8 +13,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from draftsmith.decoding import decode
+from draftsmith.decoding.sampling import SamplingConfig, logits_to_probs
 from draftsmith.drafter_folder import LoadedDrafter
-from draftsmith.eval import decode
 from draftsmith.eval.batch_sizes import Turn
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.distribution_test import (
@@ -26,7 +27,6 @@ from draftsmith.eval.distribution_test import (
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import GATE_LEVEL, failure_message, sampling_gate
 from draftsmith.eval.methods import ProposerSettings
-from draftsmith.eval.sampling import SamplingConfig, logits_to_probs
 from draftsmith.registry import DRAFTERS
 from draftsmith.target import Target
 from tests.helpers.drafters import small_settings

@@ -12,13 +12,13 @@ import json
 import pytest
 import torch
 
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.draft_model import DraftModelProposer
+from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval import executor
 from draftsmith.eval.config import EvalConfig
-from draftsmith.eval.decode import generate
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
-from draftsmith.eval.proposers.feature_drafter import FeatureDrafterProposer
-from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.quantize import WeightOnlyInt8Linear, parse_target_quant, quantize_model
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.export_helpers import build_drafter, write_checkpoint

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.drafter_folder import DRAFTER_CONFIG, WEIGHTS, LoadedDrafter
-from draftsmith.eval.decode import generate
 from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
-from draftsmith.eval.proposers.tree_expansion import DynamicTreeConfig
-from draftsmith.eval.runner import CausalLMRunner
 from draftsmith.registry import get_spec
 from tests.helpers.tiny_targets import tiny_target
 

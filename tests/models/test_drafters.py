@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.registry import get_spec, target_features
+from draftsmith.models.features import target_features
+from draftsmith.registry import get_spec
 from tests.helpers.drafters import small_settings, training_cases
 from tests.helpers.tiny_targets import FAMILIES, tiny_target
 

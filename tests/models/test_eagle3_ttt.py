@@ -17,8 +17,8 @@ from draftsmith.models.eagle3 import (
     ttt_masks,
     ttt_rows,
 )
+from draftsmith.models.features import target_features
 from draftsmith.models.layers import shift_left
-from draftsmith.registry import target_features
 from tests.helpers.tiny_targets import tiny_target
 
 STEPS, T = 3, 10

@@ -4,10 +4,10 @@ environment, the spec-decode counters read across label sets, and the option err
 import pytest
 
 from draftsmith.cli import main
+from draftsmith.engines.engine_requests import accepted_per_position, metric_total
+from draftsmith.engines.vllm import VllmServer
 from draftsmith.errors import DraftsmithError
-from draftsmith.serving.engine_requests import accepted_per_position, metric_total
 from draftsmith.serving.serve_check import ServeCheckSettings
-from draftsmith.serving.vllm import VllmServer
 
 VLLM_METRICS = {  # as vLLM labels its series: one set per engine core and model
     'vllm:spec_decode_num_drafts_total{engine="0",model_name="target"}': 10.0,

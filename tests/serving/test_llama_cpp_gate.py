@@ -9,11 +9,11 @@ import pytest
 
 from draftsmith.cli import main
 from draftsmith.data.prompt_files import load_prompt_file
+from draftsmith.engines.engine_requests import complete_greedy
+from draftsmith.engines.llama_cpp import LlamaCppServer
 from draftsmith.export.gguf import gguf_target_layers
 from draftsmith.export.write import export_drafter
 from draftsmith.offline_models import gguf_path
-from draftsmith.serving.engine_requests import complete_greedy
-from draftsmith.serving.llama_cpp import LlamaCppServer
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target import load_target
 from tests.helpers.export_helpers import build_drafter, write_checkpoint

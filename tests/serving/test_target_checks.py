@@ -199,7 +199,7 @@ def test_an_engine_python_that_cannot_serve_is_refused_first(tmp_path, tiny_fold
 
 
 def test_an_engine_python_with_the_engine_is_used(tmp_path, monkeypatch):
-    from draftsmith.serving.engine_env import own_engine_python
+    from draftsmith.engines.engine_env import own_engine_python
 
     python = _executable(tmp_path / "python", "#!/bin/sh\nexit 0\n")  # finds the module
     monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", str(python))

@@ -18,10 +18,10 @@ import torch
 
 from draftsmith.cli import main
 from draftsmith.data.prompt_files import load_prompt_file
+from draftsmith.engines.engine_env import engine_info
+from draftsmith.engines.vllm import ENGINE, engine_python
 from draftsmith.export.write import export_drafter
-from draftsmith.serving.engine_env import engine_info
 from draftsmith.serving.serve_check import prompt_token_ids
-from draftsmith.serving.vllm import ENGINE, engine_python
 from draftsmith.target import load_target
 from tests.helpers.state import require_offline_model
 from tests.serving.overfit import overfit_eagle3

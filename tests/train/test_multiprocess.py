@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from draftsmith.serving.server_process import free_port
+from draftsmith.engines.server_process import free_port
 from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.slow

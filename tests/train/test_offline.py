@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.data.cache import FeatureCache, build_feature_cache
-from draftsmith.data.features import hidden_key
 from draftsmith.data.render import RenderedSample
+from draftsmith.models.features import hidden_key
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 from tests.helpers.state import reset_accelerate

@@ -1,0 +1,203 @@
+"""What a drafter learns from: the target's hidden states, their indices and storage keys, the one
+function that computes them, and `Features`, what a drafter's loss reads for one batch.
+
+Indices are into transformers' `hidden_states` tuple (`output_hidden_states=True`): index 0 is the
+embedding output, index i the output of layer i-1, and index N (the last, N = number of layers)
+is taken after the final norm, so `lm_head(hidden_states[N]) == logits`. Features are stored and
+returned under the key `hidden_states.{index}`.
+
+`hidden_indices` is the one place that turns a drafter's 0-based layer outputs into these
+indices; which layers a kind reads is the registry's (`DrafterSpec.aux_layers`): Medusa, EAGLE-1/2
+and MTP read only the last hidden state; EAGLE-3 fuses the layer outputs `[1, N//2-1, N-4]`
+(indices `[2, N//2, N-3]`) or its recipe's `layer_ids`. Every loss needs the target
+distribution, which is recomputed from the last hidden state with the frozen `lm_head` rather
+than stored (a V-sized row per token would dwarf everything else).
+
+`extract_features` is used online by the training step and offline by the cache builder, so the
+two paths compute the same tensors. This module imports nothing of draftsmith but errors and
+`models/layers.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.layers import shift_left
+
+
+def hidden_key(index: int) -> str:
+    """Storage key of `hidden_states[index]`."""
+    return f"hidden_states.{index}"
+
+
+def hidden_indices(num_layers: int, aux_layers: Iterable[int]) -> tuple[int, ...]:
+    """The `hidden_states` indices of 0-based layer outputs `aux_layers` plus the last (post-norm)
+    state, sorted, the last state last (layer i's output is index i + 1; index N is the last).
+
+    Args:
+        num_layers: N, the target's number of decoder layers.
+        aux_layers: 0-based layer outputs a drafter reads besides the last hidden state.
+    """
+    return (*sorted({i + 1 for i in aux_layers} - {num_layers}), num_layers)
+
+
+def num_decoder_layers(model) -> int:
+    """N of a causal LM (its text config's `num_hidden_layers`)."""
+    return int(model.config.get_text_config().num_hidden_layers)
+
+
+@torch.no_grad()  # not inference_mode: online training feeds these tensors to autograd
+def extract_features(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int]
+) -> dict[str, torch.Tensor]:
+    """Selected hidden states of the frozen target, without computing logits.
+
+    Args:
+        model: a transformers causal LM (its decoder is run with `output_hidden_states=True`).
+        input_ids: (B, T) token ids; right padding keeps real tokens' states independent of it.
+        attention_mask: (B, T) 1 on real tokens.
+        layer_ids: `hidden_states` indices (see the module docstring), each in [0, N].
+
+    Returns:
+        `{"hidden_states.{i}": (B, T, H)}` in the model's dtype.
+
+    Raises:
+        DraftsmithError: an index outside [0, N].
+    """
+    num_layers = num_decoder_layers(model)
+    bad = [i for i in layer_ids if not 0 <= i <= num_layers]
+    if bad:
+        raise DraftsmithError(f"hidden-state indices {bad} are outside [0, {num_layers}] for a "
+                              f"target with {num_layers} layers")
+    outputs = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                  output_hidden_states=True, use_cache=False)
+    return {hidden_key(i): outputs.hidden_states[i] for i in sorted(set(layer_ids))}
+
+
+@dataclass
+class Features:
+    """What a drafter's loss reads from the frozen target for one batch.
+
+    Attributes:
+        input_ids, attention_mask, loss_mask: (B, T).
+        last_hidden: (B, T, H) the target's last hidden state (after the final norm).
+        aux_hidden: (B, T, H) target layer outputs a drafter asked for (EAGLE-3: low, mid, high).
+        head: the target's frozen output head; logits are computed from `last_hidden` on demand.
+        target_argmax: (B, T) the target's greedy choice after each position, when the offline
+            cache stored it (`data/cache.py`); lets `restricted` skip the full-vocabulary head.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    last_hidden: torch.Tensor
+    aux_hidden: list[torch.Tensor]
+    head: nn.Module
+    target_argmax: torch.Tensor | None = None
+
+    @functools.cached_property
+    def target_logits(self) -> torch.Tensor:
+        """(B, T, V) = head(last_hidden), computed once."""
+        with torch.no_grad():
+            return self.head(self.last_hidden.to(self.head.weight.dtype))
+
+    @functools.cached_property
+    def _needed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trained positions (every position whose next token is in the loss mask) and the row
+        index of each position among them (-1 where untrained)."""
+        needed = shift_left(self.loss_mask, 1) > 0
+        row_of = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+        row_of[needed] = torch.arange(int(needed.sum()), device=needed.device)
+        return needed, row_of
+
+    @functools.cached_property
+    def _trained_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row index per position (-1 where untrained) and the head's logits on trained rows,
+        computed once per batch."""
+        needed, row_of = self._needed
+        with torch.no_grad():
+            rows = self.head(self.last_hidden[needed].to(self.head.weight.dtype))
+        return row_of, rows
+
+    def _rows_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+        _, row_of = self._needed
+        index = shift_left(row_of, shift, -1)[valid]
+        if bool((index < 0).any()):
+            raise ValueError("target logits requested at a position whose next token is not "
+                             "trained")
+        return index
+
+    def logits_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+        """Target logits (m, V) at i + shift for each position i set in `valid` (a TargetLogits).
+
+        Raises:
+            ValueError: a requested position is not a trained one (a loss asked for the wrong row).
+        """
+        return self._trained_rows[1][self._rows_after(valid, shift)]
+
+    __call__ = logits_after  # the features are themselves a TargetLogits (with `.restricted`)
+
+    def restricted(self, columns: torch.Tensor):
+        """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
+        and their full-vocabulary argmax, sliced and reduced once for the whole batch (EAGLE-3's
+        draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step).
+        With the cache's `target_argmax` and a plain linear head, only the `columns` rows of the
+        head are applied: an (m, Vd) product instead of (m, V), the same logits up to float
+        rounding, and the argmax the target made on its unrounded hidden state."""
+        head = self.head
+        plain = isinstance(head, nn.Linear) and head.bias is None
+        with torch.no_grad():
+            if self.target_argmax is not None and plain:
+                needed, _ = self._needed
+                hidden = self.last_hidden[needed].to(head.weight.dtype)
+                sliced = nn.functional.linear(hidden, head.weight[columns])
+                choice = self.target_argmax[needed].long()
+            else:
+                _, rows = self._trained_rows
+                sliced, choice = rows[:, columns], rows.argmax(-1)
+
+        def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+            index = self._rows_after(valid, shift)
+            return sliced[index], choice[index]
+
+        return after
+
+
+@torch.no_grad()
+def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_layers: int
+                    ) -> Features:
+    """Features from a batch of cached hidden states (offline mode); the target logits are
+    recomputed with the frozen head. Keys are `hidden_key(i)`, as the cache writes them;
+    they are cast to the head's dtype (a bf16 cache feeds a float32 run as float32)."""
+    dtype = next(head.parameters()).dtype
+    last = batch[hidden_key(num_layers)].to(dtype)
+    return Features(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        loss_mask=batch["loss_mask"],
+        last_hidden=last,
+        aux_hidden=[batch[hidden_key(i + 1)].to(dtype) for i in aux_layers],
+        head=head,
+        target_argmax=batch.get("target_argmax"),
+    )
+
+
+@torch.no_grad()
+def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    loss_mask: torch.Tensor, aux_layers: list[int]) -> Features:
+    """Run the frozen target once and collect what a drafter needs (online mode).
+
+    Uses `extract_features`, as the data pipeline's cache does, so online training and the offline
+    cache compute the same tensors. `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
+    """
+    num_layers = target.config.num_hidden_layers
+    indices = hidden_indices(num_layers, aux_layers)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+             **extract_features(target, input_ids, attention_mask, indices)}
+    return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)
