@@ -1,8 +1,11 @@
 """The one place that names every drafter kind: how to build and train it, which target hidden
 states it reads, how it decodes, which of its tensors are frozen copies of the target's, and its
-display name. Data, training, evaluation, export and the benchmark ask this table; none of them
-keeps a kind table or branches on a kind name, so a new kind is one model module, one entry here
-and its export format. The registry imports only `models/`.
+display name, and what it can do (capability flags: `uses_draft_vocab`, `reads_aux_layers`,
+`engine_methods`, ...). Data, training, evaluation, export and the benchmark ask this table; none
+of them keeps a kind table or branches on a kind name, so a new kind is one model module
+(`models/contracts.py` says what the module offers), one entry here and its export format
+(`export/formats.py`); a new decoding family is one proposer module that registers itself
+(`decoding/proposers/base.py`). The registry imports only `models/`.
 
 EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
 """
@@ -10,13 +13,14 @@ EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from draftsmith.config_values import build_dataclass
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.contracts import DrafterModule
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
 from draftsmith.models.features import Features, hidden_indices
@@ -37,8 +41,9 @@ class DrafterSpec:
         aux_layers: (num target layers, config) -> 0-based layer outputs it needs besides the
             last hidden state.
         loss: (module, Features) -> (loss, metrics with `acc_{k}` per draft position).
-        proposer: the decoding family eval builds its proposer from: `feature` (autoregressive
-            on features: EAGLE), `heads` (parallel heads: Medusa) or `modules` (chained MTP).
+        proposer: the decoding family its proposer is built by (`register_family` in
+            `decoding/proposers/`): `feature` (autoregressive on features: EAGLE), `heads`
+            (parallel heads: Medusa) or `modules` (chained MTP).
         tree_shapes: the tree shapes it decodes with (`chain`, `static`, `dynamic`), default first.
         frozen_prefixes: parameter-name prefixes that are frozen copies of the target's tensors
             (not trained, may be left out of a saved drafter and taken from the target).
@@ -46,13 +51,18 @@ class DrafterSpec:
         trains_target: (config) -> whether the target trains with it through LoRA (Medusa-2).
         custom_aux_layers: (config) -> the layer outputs its recipe chose instead of the default
             (EAGLE-3 `layer_ids`), or None; the hidden-state cache stores them too.
+        reads_aux_layers: it fuses target layer outputs, whose ids its exports must record
+            (serving engines assume a default when they are missing).
+        engine_methods: serving engine -> the name it serves this kind under (`vllm`: the
+            speculative config's `method`, `sglang`: `--speculative-algorithm`, `llama.cpp`:
+            `--spec-type`); export to GGUF and serve-check need the engine listed.
     """
 
     kind: str
     title: str
     description: str
     config_cls: type
-    build: Callable[[object, object], nn.Module]
+    build: Callable[[object, object], DrafterModule]
     aux_layers: Callable[[int, object], list[int]]
     loss: Callable[[nn.Module, Features], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     proposer: str
@@ -61,6 +71,8 @@ class DrafterSpec:
     uses_draft_vocab: bool = False
     trains_target: Callable[[object], bool] = lambda config: False
     custom_aux_layers: Callable[[object], list[int] | None] = lambda config: None
+    reads_aux_layers: bool = False
+    engine_methods: dict[str, str] = field(default_factory=dict)
 
     @property
     def default_tree(self) -> str:
@@ -113,6 +125,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             proposer="feature",
             tree_shapes=("static", "chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
+            engine_methods={"sglang": "EAGLE"},
         ),
         DrafterSpec(
             kind="eagle3",
@@ -128,6 +141,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             frozen_prefixes=("embed_tokens.",),
             uses_draft_vocab=True,
             custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
+            reads_aux_layers=True,
+            engine_methods={"vllm": "eagle3", "sglang": "EAGLE3", "llama.cpp": "draft-eagle3"},
         ),
         DrafterSpec(
             kind="mtp",
@@ -144,6 +159,11 @@ DRAFTERS: dict[str, DrafterSpec] = {
         ),
     )
 }
+
+
+def served_by(engine: str) -> list[str]:
+    """Titles of the kinds `engine` serves (for messages)."""
+    return [spec.title for spec in DRAFTERS.values() if engine in spec.engine_methods]
 
 
 def get_spec(kind: str) -> DrafterSpec:

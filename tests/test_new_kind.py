@@ -1,5 +1,6 @@
-"""A new drafter kind is one model module, one registry entry and its export format: a toy kind
-defined here trains, decodes losslessly, exports and loads back with no other file touched."""
+"""A new drafter kind with a new decoding family is its own module, one registry entry and one
+format entry: a toy kind defined here, decoded by a toy family that is not one of the package's
+(not `heads`), trains, decodes losslessly, exports and loads back with no other file touched."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from draftsmith.decoding.decode import generate
-from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.decoding.proposers.base import FAMILIES, TreeSettings
+from draftsmith.decoding.runner import CausalLMRunner, ForwardOutput
+from draftsmith.decoding.tree import Tree, chain_tree, root_only_tree
 from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
 from draftsmith.export import export_drafter, load_any_drafter
 from draftsmith.export.formats import FORMATS
@@ -52,6 +55,33 @@ class ToyHeads(nn.Module):
         return torch.stack([head(hidden.to(head.weight.dtype)) for head in self.heads])
 
 
+class ToyChainProposer:
+    """The toy family: head k on the last accepted hidden state drafts token k+1 after the root,
+    all heads at once, as one chain."""
+
+    needs_hidden_states = False
+
+    def __init__(self, module: ToyHeads, name: str):
+        self.module, self.name, self.hidden = module, name, None
+
+    def reset(self, context: list[int], target_out: ForwardOutput) -> None:
+        self.hidden = target_out.last_hidden[-1] if context else None
+
+    def propose(self, root: int, max_depth: int) -> Tree:
+        device = next(self.module.parameters()).device
+        if self.hidden is None or max_depth < 1:
+            return root_only_tree(root, device)
+        drafts = self.module(self.hidden).argmax(-1)[:max_depth].tolist()
+        return chain_tree(root, drafts, device=device)
+
+    def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
+        self.hidden = target_out.last_hidden[path[-1]]
+
+
+def toy_family(module: ToyHeads, tree: TreeSettings, name: str) -> ToyChainProposer:
+    return ToyChainProposer(module, name)
+
+
 def toy_loss(module: ToyHeads, features):
     """Head k at position t learns the target's distribution of token t+2+k (soft CE)."""
     t = features.input_ids.shape[1]
@@ -82,9 +112,11 @@ def read_toy(config: dict, tensors: dict, where: str) -> ExportedDrafter:
 
 @pytest.fixture
 def toy_kind(monkeypatch):
+    """The toy kind's three entries: its decoding family, its registry spec, its export format."""
+    monkeypatch.setitem(FAMILIES, "toy_chain", toy_family)
     spec = DrafterSpec(kind="toy", title="Toy heads", description="a test-only kind",
                        config_cls=ToyConfig, build=ToyHeads, aux_layers=lambda n, cfg: [],
-                       loss=toy_loss, proposer="heads", tree_shapes=("chain", "static"))
+                       loss=toy_loss, proposer="toy_chain", tree_shapes=("chain",))
     monkeypatch.setitem(DRAFTERS, "toy", spec)
     monkeypatch.setitem(FORMATS, "toy", ExportFormat(
         "toy", "toy", "test-only layout", write_toy,
@@ -120,9 +152,12 @@ def test_a_kind_defined_in_a_test_trains_decodes_exports_and_loads_back(toy_kind
     for path in (folder, export_drafter(folder, "toy", tmp_path / "export")):
         loaded = load_any_drafter(path, target)
         assert loaded.kind == "toy"
-        for method in ("drafter", "drafter_static"):
+        for method in ("drafter", "drafter_chain"):
             proposer = make_drafter_proposer(method, loaded, ProposerSettings(num_draft_tokens=2))
-            assert generate(runner, proposer, prompt, 40).tokens == reference
+            assert isinstance(proposer, ToyChainProposer)
+            result = generate(runner, proposer, prompt, 40)
+            assert result.tokens == reference
+            assert max(result.depth_per_step) == 2, "the toy family drafted its two heads"
         for name, value in trained.items():
             torch.testing.assert_close(loaded.module.state_dict()[name], value, rtol=0, atol=0)
 
@@ -131,6 +166,6 @@ def test_a_shape_the_kind_does_not_decode_with_is_refused(toy_kind):
     target = tiny_target("llama")
     module = ToyHeads(target.config, ToyConfig())
     loaded = type("Loaded", (), {"kind": "toy", "module": module, "meta": {}})()
-    with pytest.raises(Exception, match="Toy heads drafters decode with chain, static trees"):
+    with pytest.raises(Exception, match="Toy heads drafters decode with chain trees"):
         make_drafter_proposer("drafter_dynamic", loaded, ProposerSettings())
 

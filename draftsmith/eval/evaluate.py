@@ -73,7 +73,7 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
         return make_proposer(method, replace(cfg.settings, tree=tree), cfg.sampling,
                              runner.draft_model, drafter)
 
-    hidden = getattr(make(1, 1), "needs_hidden_states", False)
+    hidden = make(1, 1).needs_hidden_states
     try:
         budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
                                topk=cfg.settings.tree.topk, sampling=cfg.sampling)

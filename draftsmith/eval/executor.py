@@ -68,7 +68,7 @@ class MethodExecutor:
             return tokens, RunRecord(method, set_name, item_id, turn, len(tokens), seconds)
         proposer = self._proposer(method, sampling)
         runner = self.target_runner(self.decoding_model(method),
-                                    getattr(proposer, "needs_hidden_states", False))
+                                    proposer.needs_hidden_states)
         result = generate(runner, proposer, prompt_ids, max_new_tokens, self.eos, sampling)
         return result.tokens, RunRecord(
             method, set_name, item_id, turn, len(result.tokens), result.total_seconds,
@@ -81,7 +81,7 @@ class MethodExecutor:
                   ) -> BatchResult:
         """One chain method on a batch of prompts at once (see batched.py)."""
         proposers = [self._proposer(method, self.config.sampling) for _ in prompts]
-        hidden = getattr(proposers[0], "needs_hidden_states", False)
+        hidden = proposers[0].needs_hidden_states
         key = (id(self.decoding_model(method)), hidden)
         if key not in self.batched_runners:
             self.batched_runners[key] = BatchedLMRunner(self.decoding_model(method), hidden)

@@ -8,16 +8,20 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.datastore import open_datastore
-from draftsmith.decoding.proposers.base import NoDraftProposer, Proposer
+from draftsmith.decoding.proposers.base import (
+    NoDraftProposer,
+    Proposer,
+    TreeSettings,
+    drafter_family,
+)
 from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
-from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
 from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
 from draftsmith.decoding.proposers.lookahead import LookaheadProposer
-from draftsmith.decoding.proposers.medusa import MedusaProposer
-from draftsmith.decoding.proposers.mtp import MTPProposer
 from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.proposers.rest import RestProposer
-from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
+from draftsmith.decoding.proposers.tree_expansion import (
+    DynamicTreeConfig,
+)
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.hf_baselines import HF_METHODS
@@ -149,29 +153,6 @@ def decodes_chains(method: str, kind: str | None = None) -> bool:
     return base in CHAIN_METHODS
 
 
-def _feature_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
-    if shape == "dynamic":
-        return FeatureDrafterProposer(module, dynamic=settings.tree, name=name)
-    choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
-    return FeatureDrafterProposer(module, choices, name=name)
-
-
-def _heads_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
-    choices = chain_choices(settings.num_draft_tokens) if shape == "chain" else DEFAULT_CHOICES
-    proposer = MedusaProposer(module, choices)
-    proposer.name = name
-    return proposer
-
-
-def _modules_proposer(module, shape: str, settings: ProposerSettings, name: str) -> Proposer:
-    return MTPProposer(module)
-
-
-# decoding family (DrafterSpec.proposer) -> how its proposer is built for a tree shape
-PROPOSER_FAMILIES = {"feature": _feature_proposer, "heads": _heads_proposer,
-                     "modules": _modules_proposer}
-
-
 def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
     """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape.
 
@@ -184,8 +165,8 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> P
         methods = " or ".join(f"drafter_{s}" for s in spec.tree_shapes)
         raise DraftsmithError(f"{spec.title} drafters decode with {', '.join(spec.tree_shapes)} "
                               f"trees, not {shape}: use drafter or {methods}")
-    return PROPOSER_FAMILIES[spec.proposer](drafter.module, shape, settings,
-                                            f"{drafter.kind}_{shape}")
+    tree = TreeSettings(shape, settings.num_draft_tokens, settings.tree)
+    return drafter_family(spec.proposer)(drafter.module, tree, f"{drafter.kind}_{shape}")
 
 
 def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,

@@ -110,44 +110,19 @@ def _eval_section(payload: dict | None) -> list[str]:
 
 
 def _serving(fmt: ExportFormat, base: str) -> list[str]:
-    spec_config = {"speculators": "eagle3", "eagle": "eagle"}
-    steps = {"speculators": 3, "eagle": 5}
-    vllm = {name: [f"vllm serve {base} --speculative-config \\",
-                   f"  '{{\"method\": \"{method}\", \"model\": \"{DRAFTER}\", "
-                   f"\"num_speculative_tokens\": {steps[name]}}}'"]
-            for name, method in spec_config.items()}
-    sglang = {name: [f"python -m sglang.launch_server --model-path {base} \\",
-                     f"  --speculative-algorithm {algorithm} --speculative-draft-model-path "
-                     f"{DRAFTER} \\",
-                     "  --speculative-num-steps 5 --speculative-eagle-topk 8 "
-                     "--speculative-num-draft-tokens 32"]
-              for name, algorithm in (("eagle3", "EAGLE3"), ("eagle", "EAGLE"))}
-    other = {
-        "eagle3": ("vLLM", "export with `--format speculators` for vLLM: vLLM reads the aux layer "
-                   "ids of this layout with a different offset"),
-        "speculators": ("SGLang", "export with `--format eagle3` for SGLang"),
-        "medusa": ("vLLM / SGLang", "this is FasterDecoding/Medusa's layout, loaded by its own "
-                   "code and by Text Generation Inference; vLLM's Medusa loader needs another "
-                   "layout and SGLang has no Medusa"),
-        "mtp": ("vLLM / SGLang", "engines serve MTP modules (`method: mtp` / NextN) only for "
-                "targets with native MTP support (DeepSeek-V3 and similar); for this target "
-                "evaluate it with draftsmith"),
-    }
-    if fmt.name == "gguf":
-        return ["## Serving", "", "### llama.cpp", "", "```bash",
-                "llama-server -m TARGET.gguf -md draft-eagle3.gguf --spec-type draft-eagle3 \\",
-                "  --draft-max 3 --draft-min 0 --draft-p-min 0", "```", "",
-                "`TARGET.gguf` is the target as GGUF. `draftsmith serve-check` runs this pairing "
-                "against llama.cpp's plain decoding and draftsmith's own loop.", ""]
-    lines = ["## Serving", "", f"Replace `{DRAFTER}` with this folder or its Hub repo id.", ""]
-    for engine, snippets in (("vLLM", vllm), ("SGLang", sglang)):
-        if fmt.name in snippets:
-            lines += [f"### {engine}", "", "```bash", *snippets[fmt.name], "```", ""]
-    if fmt.name in other:
-        engine, note = other[fmt.name]
-        lines += [f"### {engine}", "", f"Not from this folder: {note}.", ""]
-    lines += ["### draftsmith", "", "```bash", f"draftsmith eval --drafter {DRAFTER} --target {base}",
-              "```", ""]
+    """The card's serving section: the format's engine sections, then draftsmith's own loop."""
+    lines = ["## Serving", ""]
+    if fmt.is_folder:
+        lines += [f"Replace `{DRAFTER}` with this folder or its Hub repo id.", ""]
+    for section in fmt.serving(base, DRAFTER):
+        lines += [f"### {section.engine}", ""]
+        if section.command:
+            lines += ["```bash", *section.command, "```", ""]
+        if section.note:
+            lines += [section.note, ""]
+    if fmt.is_folder:
+        lines += ["### draftsmith", "", "```bash",
+                  f"draftsmith eval --drafter {DRAFTER} --target {base}", "```", ""]
     return lines
 
 
@@ -187,7 +162,7 @@ def model_card(meta: dict, fmt: ExportFormat, base_model: str | None, files: dic
     """
     kind = meta["kind"]
     target = base_model or meta.get("target") or "the target"
-    front = {"library_name": "speculators" if fmt.name == "speculators" else "draftsmith",
+    front = {"library_name": fmt.library_name,
              **({"base_model": base_model} if base_model else {}),
              "tags": list(dict.fromkeys(["speculative-decoding", "draftsmith", kind, fmt.name]))}
     recipe = meta.get("recipe") or {}

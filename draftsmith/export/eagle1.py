@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportedDrafter, ExportOptions
+from draftsmith.export.config_keys import MISSING, layer_keys, rows
+from draftsmith.export.record import (
+    ExportedDrafter,
+    ExportOptions,
+    ServingSection,
+    sglang_command,
+    vllm_command,
+)
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     cast_floats,
@@ -80,3 +87,17 @@ def read_eagle(config: dict, tensors: dict[str, torch.Tensor], where: str = "exp
         vocab = vocab or state["embed_tokens.weight"].shape[0]
     return ExportedDrafter(format="eagle", kind="eagle1", settings={}, state=state,
                            hidden_size=int(config.get("hidden_size") or hidden), vocab_size=vocab)
+
+
+def eagle_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys SGLang and the EAGLE code read (see `export/config_keys.py`)."""
+    state = drafter.state
+    implied = {"hidden_size": rows(state, "fc.weight"),
+               "vocab_size": rows(state, "embed_tokens.weight"),
+               **layer_keys(config, state, "layers.0.")}
+    return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
+
+
+def eagle_serving(base: str, drafter: str) -> list[ServingSection]:
+    """Model card serving sections of the EAGLE-1/2 layout."""
+    return [vllm_command(base, drafter, "eagle", 5), sglang_command(base, drafter, "EAGLE")]

@@ -33,7 +33,14 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportedDrafter, ExportOptions
+from draftsmith.export.config_keys import MISSING, layer_keys, rows
+from draftsmith.export.record import (
+    ExportedDrafter,
+    ExportOptions,
+    ServingSection,
+    sglang_command,
+    vllm_command,
+)
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     base_model_id,
@@ -220,3 +227,45 @@ def read_speculators(config: dict, tensors: dict[str, torch.Tensor], where: str 
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return _read_common("speculators", renamed, hidden, layer.get("vocab_size"),
                         config.get("draft_vocab_size"), ids, verifier, where)
+
+
+def _eagle3_keys(drafter: ExportedDrafter, config: dict, layer: dict, where: str) -> list:
+    state = drafter.state
+    implied = {"hidden_size": rows(state, "fc.weight"), "vocab_size": rows(state, "t2d"),
+               **layer_keys(layer, state, "midlayer.")}
+    keys = [(where + k, layer.get(k, MISSING), v) for k, v in implied.items()]
+    keys.append(("draft_vocab_size", config.get("draft_vocab_size", MISSING),
+                 rows(state, "lm_head.weight")))
+    return keys
+
+
+def eagle3_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys SGLang and the EAGLE code read (see `export/config_keys.py`)."""
+    return _eagle3_keys(drafter, config, config, "")
+
+
+def speculators_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys vLLM reads from the speculators layout (see `export/config_keys.py`)."""
+    layer = config.get("transformer_layer_config") or {}
+    keys = _eagle3_keys(drafter, config, layer, "transformer_layer_config.")
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    return [*keys, ("speculators_config.proposal_methods[0].speculative_tokens",
+                     methods[0].get("speculative_tokens", MISSING), None),
+            ("speculators_config.verifier.name_or_path",
+             verifier.get("name_or_path", MISSING), None)]
+
+
+def eagle3_serving(base: str, drafter: str) -> list[ServingSection]:
+    """Model card serving sections of the official / SGLang layout."""
+    return [sglang_command(base, drafter, "EAGLE3"),
+            ServingSection("vLLM", note="Not from this folder: export with `--format "
+                           "speculators` for vLLM: vLLM reads the aux layer ids of this layout "
+                           "with a different offset.")]
+
+
+def speculators_serving(base: str, drafter: str) -> list[ServingSection]:
+    """Model card serving sections of the speculators layout."""
+    return [vllm_command(base, drafter, "eagle3", 3),
+            ServingSection("SGLang", note="Not from this folder: export with `--format eagle3` "
+                           "for SGLang.")]

@@ -89,7 +89,8 @@ def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> None:
     """Read the export back: it must fit the recorded target and hold the checkpoint's tensors."""
     drafter, _ = read_exported(folder)
     check_export_fits_target(drafter, ckpt.target_config, str(folder))
-    check_config_keys(drafter, read_json(folder / CONFIG), str(folder))
+    check_config_keys(drafter, read_json(folder / CONFIG), str(folder),
+                      get_format(drafter.format))
     original = cast_floats(ckpt.tensors, options.dtype)
     for name, value in drafter.state.items():
         if name in original and not torch.equal(value, original[name]):

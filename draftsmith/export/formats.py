@@ -11,17 +11,23 @@ FORMATS: dict[str, ExportFormat] = {
     for fmt in (
         ExportFormat("eagle3", "eagle3",
                      "EAGLE-3, official / SGLang / SpecForge layout (LlamaForCausalLMEagle3)",
-                     eagle3.write_eagle3, eagle3.matches_eagle3, eagle3.read_eagle3),
+                     eagle3.write_eagle3, eagle3.matches_eagle3, eagle3.read_eagle3,
+                     eagle3.eagle3_config_keys, eagle3.eagle3_serving),
         ExportFormat("speculators", "eagle3",
                      "EAGLE-3, vllm-project/speculators layout that vLLM serves (Eagle3DraftModel)",
-                     eagle3.write_speculators, eagle3.matches_speculators, eagle3.read_speculators),
+                     eagle3.write_speculators, eagle3.matches_speculators, eagle3.read_speculators,
+                     eagle3.speculators_config_keys, eagle3.speculators_serving,
+                     library_name="speculators"),
         ExportFormat("eagle", "eagle1", "EAGLE-1/2, SafeAILab/EAGLE layout (fc + layers.0)",
-                     eagle1.write_eagle, eagle1.matches_eagle, eagle1.read_eagle),
+                     eagle1.write_eagle, eagle1.matches_eagle, eagle1.read_eagle,
+                     eagle1.eagle_config_keys, eagle1.eagle_serving),
         ExportFormat("medusa", "medusa",
                      "Medusa heads, FasterDecoding/Medusa layout (medusa_lm_head.safetensors)",
-                     medusa.write_medusa, medusa.matches_medusa, medusa.read_medusa),
+                     medusa.write_medusa, medusa.matches_medusa, medusa.read_medusa,
+                     medusa.medusa_config_keys, medusa.medusa_serving),
         ExportFormat("mtp", "mtp", "MTP modules, DeepSeek-V3 layout (model.layers.{N+k}.*)",
-                     mtp.write_mtp, mtp.matches_mtp, mtp.read_mtp),
+                     mtp.write_mtp, mtp.matches_mtp, mtp.read_mtp, mtp.mtp_config_keys,
+                     mtp.mtp_serving),
     )
 }
 

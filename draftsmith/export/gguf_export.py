@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftsmith.drafter_folder import DRAFTER_CONFIG
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportFormat, ExportOptions
+from draftsmith.export.record import ExportFormat, ExportOptions, ServingSection
 from draftsmith.files import write_json
 
 GGUF_NAME = "draft-eagle3.gguf"
@@ -29,10 +29,19 @@ def _not_a_folder_format(*_args):
                           "evaluate the eagle3 export it was made from")
 
 
+def _gguf_serving(base: str, drafter: str) -> list[ServingSection]:
+    return [ServingSection("llama.cpp", (
+        "llama-server -m TARGET.gguf -md draft-eagle3.gguf --spec-type draft-eagle3 \\",
+        "  --draft-max 3 --draft-min 0 --draft-p-min 0"),
+        "`TARGET.gguf` is the target as GGUF. `draftsmith serve-check` runs this pairing against "
+        "llama.cpp's plain decoding and draftsmith's own loop.")]
+
+
 GGUF_FORMAT = ExportFormat("gguf", "eagle3",
                            "EAGLE-3 draft GGUF for llama.cpp (`--spec-type draft-eagle3`), "
                            "converted by llama.cpp's own convert_hf_to_gguf.py",
-                           _not_a_folder_format, lambda config, names: False, _not_a_folder_format)
+                           _not_a_folder_format, lambda config, names: False, _not_a_folder_format,
+                           serving=_gguf_serving, is_folder=False)
 
 
 def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
@@ -82,12 +91,14 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
         partial_folder,
     )
     from draftsmith.export.source import base_model_id, read_checkpoint
+    from draftsmith.registry import get_spec, served_by
 
     options = options or ExportOptions()
     ckpt = read_checkpoint(checkpoint)
-    if ckpt.kind != "eagle3":
-        raise DraftsmithError(f"--format gguf holds EAGLE-3 drafters (llama.cpp's draft-eagle3) but "
-                              f"{ckpt.folder} is a {ckpt.kind} drafter; use --format "
+    if "llama.cpp" not in get_spec(ckpt.kind).engine_methods:
+        raise DraftsmithError(f"--format gguf holds {' / '.join(served_by('llama.cpp'))} drafters "
+                              f"(those llama.cpp serves) but {ckpt.folder} is a {ckpt.kind} "
+                              "drafter; use --format "
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
     out = Path(out)
     check_out_folder(out, overwrite, source=ckpt.folder)

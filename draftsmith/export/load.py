@@ -14,7 +14,7 @@ from torch import nn
 
 from draftsmith.drafter_folder import DRAFTER_CONFIG, LoadedDrafter, load_drafter
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.formats import detect_format
+from draftsmith.export.formats import detect_format, get_format
 from draftsmith.export.record import ExportedDrafter
 from draftsmith.export.validate import check_config_keys, check_export_fits_target
 from draftsmith.export.weights import read_json, read_weights
@@ -69,7 +69,8 @@ def check_exported(folder: str | Path, target_config, allow_pickle: bool = False
     """
     drafter, _ = read_exported(folder, allow_pickle=allow_pickle)
     check_export_fits_target(drafter, target_config, str(folder))
-    check_config_keys(drafter, read_json(Path(folder) / CONFIG), str(folder))
+    check_config_keys(drafter, read_json(Path(folder) / CONFIG), str(folder),
+                      get_format(drafter.format))
     return drafter
 
 
@@ -86,10 +87,10 @@ def load_exported(folder: str | Path, target: nn.Module, allow_pickle: bool = Fa
     where = str(folder)
     drafter, saved_meta = read_exported(folder, allow_pickle=allow_pickle)
     check_export_fits_target(drafter, target.config, where)
-    if drafter.kind == "eagle3" and not drafter.aux_layer_ids:
-        warnings.warn(f"{where} records no EAGLE-3 aux layer ids; assuming the default for this "
-                      "target, which serving engines also assume", stacklevel=2)
     spec = get_spec(drafter.kind)
+    if spec.reads_aux_layers and not drafter.aux_layer_ids:
+        warnings.warn(f"{where} records no {spec.title} aux layer ids; assuming the default for "
+                      "this target, which serving engines also assume", stacklevel=2)
     config = spec.make_config(drafter.settings)
     module = spec.build(target.config, config)
     _load_state(module, drafter, target, where)

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportedDrafter, ExportOptions
+from draftsmith.export.config_keys import MISSING
+from draftsmith.export.record import ExportedDrafter, ExportOptions, ServingSection
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     base_model_id,
@@ -135,3 +136,19 @@ def read_medusa(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
                                      "shared_head": shared}, state=state,
                            hidden_size=hidden, vocab_size=vocab,
                            base_model=config.get("base_model_name_or_path"))
+
+
+def medusa_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys Medusa's code reads (see `export/config_keys.py`); `read_medusa` already
+    refuses a medusa_num_heads below the trained heads."""
+    implied = {"hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size,
+               "medusa_num_heads": None, "medusa_num_layers": drafter.settings["num_layers"]}
+    return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
+
+
+def medusa_serving(base: str, drafter: str) -> list[ServingSection]:
+    """Model card serving sections of the Medusa layout."""
+    return [ServingSection("vLLM / SGLang", note="Not from this folder: this is "
+                           "FasterDecoding/Medusa's layout, loaded by its own code and by Text "
+                           "Generation Inference; vLLM's Medusa loader needs another layout and "
+                           "SGLang has no Medusa.")]

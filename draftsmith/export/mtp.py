@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportedDrafter, ExportOptions
+from draftsmith.export.config_keys import MISSING, layer_keys, rows
+from draftsmith.export.record import ExportedDrafter, ExportOptions, ServingSection
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     cast_floats,
@@ -126,3 +127,22 @@ def read_mtp(config: dict, tensors: dict[str, torch.Tensor], where: str = "expor
     return ExportedDrafter(format="mtp", kind="mtp", settings={"num_modules": len(numbers)},
                            state=state, hidden_size=hidden, vocab_size=vocab,
                            mtp_first_layer=numbers[0])
+
+
+def mtp_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys the engines' MTP loaders read (see `export/config_keys.py`)."""
+    state = drafter.state
+    implied = {"hidden_size": rows(state, "layers.0.eh_proj.weight"),
+               "vocab_size": rows(state, "embed_tokens.weight"),
+               "num_hidden_layers": None,
+               "num_nextn_predict_layers": drafter.settings["num_modules"],
+               **layer_keys(config, state, "layers.0.block.")}
+    return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
+
+
+def mtp_serving(base: str, drafter: str) -> list[ServingSection]:
+    """Model card serving sections of the MTP layout."""
+    return [ServingSection("vLLM / SGLang", note="Not from this folder: engines serve MTP modules "
+                           "(`method: mtp` / NextN) only for targets with native MTP support "
+                           "(DeepSeek-V3 and similar); for this target evaluate it with "
+                           "draftsmith.")]

@@ -63,8 +63,45 @@ class ExportedDrafter:
 
 
 @dataclass(frozen=True)
+class ServingSection:
+    """How one engine serves an export, for its model card: a command, or a note saying why
+    not from this folder (and what to export instead).
+
+    Attributes:
+        engine: the engine's name as a heading.
+        command: shell lines (DRAFTER stands for the export's folder or Hub repo).
+        note: text instead of, or after, the command.
+    """
+
+    engine: str
+    command: tuple[str, ...] = ()
+    note: str = ""
+
+
+def vllm_command(base: str, drafter: str, method: str, tokens: int) -> ServingSection:
+    """vLLM serving `base` with a drafter under `--speculative-config` method `method`."""
+    return ServingSection("vLLM", (
+        f"vllm serve {base} --speculative-config \\",
+        f"  '{{\"method\": \"{method}\", \"model\": \"{drafter}\", "
+        f"\"num_speculative_tokens\": {tokens}}}'"))
+
+
+def sglang_command(base: str, drafter: str, algorithm: str) -> ServingSection:
+    """SGLang serving `base` with a drafter under `--speculative-algorithm algorithm`."""
+    return ServingSection("SGLang", (
+        f"python -m sglang.launch_server --model-path {base} \\",
+        f"  --speculative-algorithm {algorithm} --speculative-draft-model-path {drafter} \\",
+        "  --speculative-num-steps 5 --speculative-eagle-topk 8 "
+        "--speculative-num-draft-tokens 32"))
+
+
+def no_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    return []
+
+
+@dataclass(frozen=True)
 class ExportFormat:
-    """One checkpoint layout.
+    """One checkpoint layout, with everything that differs between layouts.
 
     Attributes:
         name: `--format` value.
@@ -74,6 +111,11 @@ class ExportFormat:
             writes the safetensors weights next to it.
         matches: (config.json dict, tensor names) -> True when a folder is in this format.
         read: (config.json dict, tensors, folder name for messages) -> ExportedDrafter.
+        config_keys: (drafter read back, config.json) -> (key, value or MISSING, implied value)
+            of every key its engines read (`export/config_keys.py`); checked on write and load.
+        serving: (base model, drafter folder) -> the engines' sections of its model card.
+        library_name: the model card's `library_name` (what the Hub shows as its loader).
+        is_folder: a folder layout with config.json (False: one converted file, e.g. GGUF).
     """
 
     name: str
@@ -82,3 +124,7 @@ class ExportFormat:
     write: Callable[[DraftsmithCheckpoint, Path, ExportOptions], dict]
     matches: Callable[[dict, set[str]], bool]
     read: Callable[[dict, dict[str, torch.Tensor], str], ExportedDrafter]
+    config_keys: Callable[[ExportedDrafter, dict], list] = no_config_keys
+    serving: Callable[[str, str], list[ServingSection]] = lambda base, drafter: []
+    library_name: str = "draftsmith"
+    is_folder: bool = True

@@ -11,7 +11,9 @@ from __future__ import annotations
 from itertools import pairwise
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.record import ExportedDrafter
+from draftsmith.export.config_keys import MISSING
+from draftsmith.export.record import ExportedDrafter, ExportFormat
+from draftsmith.registry import get_spec
 
 
 def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool = True) -> None:
@@ -63,7 +65,7 @@ def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str
         raise DraftsmithError(
             f"{where}: draft_vocab_size={drafter.draft_vocab_size} must be between 1 and the "
             f"target's vocab_size={vocab}")
-    if drafter.kind == "eagle3" and drafter.aux_layer_ids:
+    if get_spec(drafter.kind).reads_aux_layers and drafter.aux_layer_ids:
         check_layer_ids(drafter.aux_layer_ids, layers, where, servable=False)
     if drafter.mtp_first_layer is not None and drafter.mtp_first_layer not in (0, layers):
         raise DraftsmithError(
@@ -72,83 +74,16 @@ def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str
             "module N, SGLang's NextN layout 0)")
 
 
-def _layer_keys(layer: dict, state: dict, prefix: str) -> dict[str, int | None]:
-    """The attention / MLP sizes of a Llama-style layer config, each paired with what the tensors
-    under `prefix` imply (None where no tensor tells)."""
-    heads = layer.get("num_attention_heads")
-    head_dim = layer.get("head_dim") or (layer["hidden_size"] // heads
-                                         if heads and layer.get("hidden_size") else None)
-
-    def rows(name: str, per: int | None = 1) -> int | None:
-        tensor = state.get(prefix + name)
-        return None if tensor is None or not per else tensor.shape[0] // per
-
-    return {
-        "intermediate_size": rows("mlp.gate_proj.weight"),
-        "num_attention_heads": rows("self_attn.q_proj.weight", head_dim),
-        "num_key_value_heads": rows("self_attn.k_proj.weight", head_dim),
-        "rms_norm_eps": None,
-    }
-
-
-def _rows(state: dict, name: str) -> int | None:
-    return None if name not in state else int(state[name].shape[0])
-
-
-def required_config_keys(drafter: ExportedDrafter, config: dict) -> list[tuple[str, object, object]]:
-    """(key, value in config.json or `...` when absent, value the tensors imply or None) for every
-    config.json key the serving engines of `drafter.format` read to build the model.
-
-    Engines fill an absent key with a default (a Llama config's hidden_size is 4096), so a
-    missing key is as wrong as a mismatched one.
-    """
-    state, fmt = drafter.state, drafter.format
-    missing = ...
-    if fmt in ("eagle3", "speculators"):
-        layer = (config.get("transformer_layer_config") or {}) if fmt == "speculators" else config
-        where = "transformer_layer_config." if fmt == "speculators" else ""
-        implied = {"hidden_size": _rows(state, "fc.weight"), "vocab_size": _rows(state, "t2d"),
-                   **_layer_keys(layer, state, "midlayer.")}
-        keys = [(where + k, layer.get(k, missing), v) for k, v in implied.items()]
-        keys.append(("draft_vocab_size", config.get("draft_vocab_size", missing),
-                     _rows(state, "lm_head.weight")))
-        if fmt == "speculators":
-            methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-            verifier = (config.get("speculators_config") or {}).get("verifier") or {}
-            keys += [("speculators_config.proposal_methods[0].speculative_tokens",
-                      methods[0].get("speculative_tokens", missing), None),
-                     ("speculators_config.verifier.name_or_path",
-                      verifier.get("name_or_path", missing), None)]
-        return keys
-    if fmt == "eagle":
-        implied = {"hidden_size": _rows(state, "fc.weight"),
-                   "vocab_size": _rows(state, "embed_tokens.weight"),
-                   **_layer_keys(config, state, "layers.0.")}
-        return [(k, config.get(k, missing), v) for k, v in implied.items()]
-    if fmt == "medusa":
-        # read_medusa already refuses a medusa_num_heads below the trained heads
-        implied = {"hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size,
-                   "medusa_num_heads": None, "medusa_num_layers": drafter.settings["num_layers"]}
-        return [(k, config.get(k, missing), v) for k, v in implied.items()]
-    if fmt == "mtp":
-        implied = {"hidden_size": _rows(state, "layers.0.eh_proj.weight"),
-                   "vocab_size": _rows(state, "embed_tokens.weight"),
-                   "num_hidden_layers": None,
-                   "num_nextn_predict_layers": drafter.settings["num_modules"],
-                   **_layer_keys(config, state, "layers.0.block.")}
-        return [(k, config.get(k, missing), v) for k, v in implied.items()]
-    return []
-
-
-def check_config_keys(drafter: ExportedDrafter, config: dict, where: str) -> None:
-    """Every config.json key the engines of the drafter's format read is present and agrees with
-    the tensors.
+def check_config_keys(drafter: ExportedDrafter, config: dict, where: str,
+                      export_format: ExportFormat) -> None:
+    """Every config.json key the engines of the drafter's format read (`export_format.config_keys`)
+    is present and agrees with the tensors.
 
     Raises:
         DraftsmithError: naming the first missing or mismatched key and, for a mismatch, both values.
     """
-    for key, value, implied in required_config_keys(drafter, config):
-        if value is ...:
+    for key, value, implied in export_format.config_keys(drafter, config):
+        if value is MISSING:
             hint = f" (the weights imply {implied})" if implied is not None else ""
             raise DraftsmithError(
                 f"{where}/config.json lacks {key!r}{hint}; serving engines read it to build the "

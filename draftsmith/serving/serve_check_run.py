@@ -81,16 +81,18 @@ def require_export_folder(export_dir: Path) -> None:
                               "(`draftsmith export CKPT --format eagle3 --out DIR`)")
 
 
-def check_eagle3_export(export_dir: Path, target_dir: Path) -> None:
-    """Raises DraftsmithError unless `export_dir` is an EAGLE-3 export that fits the target."""
+def check_servable_export(export_dir: Path, target_dir: Path, engine: str) -> None:
+    """Raises DraftsmithError unless `export_dir` is an export of a kind `engine` serves
+    (`DrafterSpec.engine_methods`) that fits the target."""
     from draftsmith.export.cli import load_target_config
     from draftsmith.export.load import check_exported
+    from draftsmith.registry import get_spec, served_by
 
     drafter = check_exported(export_dir, load_target_config(str(target_dir)))
-    if drafter.kind != "eagle3":
+    if engine not in get_spec(drafter.kind).engine_methods:
         raise DraftsmithError(f"{export_dir} is a {drafter.kind} drafter ({drafter.format} layout); "
-                              "serve-check runs EAGLE-3 exports (--format eagle3 "
-                              "or speculators)")
+                              f"serve-check runs in {engine} the exports of "
+                              f"{' / '.join(served_by(engine))} drafters")
 
 
 def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
@@ -139,7 +141,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     require_export_folder(export_dir)
     gguf, target_dir, gguf_record = checked or check_targets(target, target_gguf,
                                                              settings.engine, log)
-    check_eagle3_export(export_dir, target_dir)
+    check_servable_export(export_dir, target_dir, settings.engine)
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
     if settings.engine == "vllm":

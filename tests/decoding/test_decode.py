@@ -70,6 +70,7 @@ class OracleProposer:
     """Proposes `correct` tokens of the known greedy continuation, then `wrong` wrong ones."""
 
     name = "oracle"
+    needs_hidden_states = False
 
     def __init__(self, continuation, correct, wrong):
         self.continuation, self.correct, self.wrong = continuation, correct, wrong

@@ -9,12 +9,16 @@ import pytest
 import torch
 
 from draftsmith.decoding.decode import generate
-from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer, chain_choices
+from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer
 from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
 from draftsmith.decoding.proposers.medusa import MedusaProposer
 from draftsmith.decoding.proposers.mtp import MTPProposer
 from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
-from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
+from draftsmith.decoding.proposers.tree_expansion import (
+    DEFAULT_CHOICES,
+    DynamicTreeConfig,
+    chain_choices,
+)
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.models.features import target_features
 from draftsmith.models.layers import causal_mask, shift_left
@@ -111,6 +115,7 @@ class TreeRecorder:
 
     def __init__(self, inner):
         self.inner, self.name, self.rows = inner, inner.name, []
+        self.needs_hidden_states = inner.needs_hidden_states
 
     def reset(self, context, target_out):
         self.position = len(context)

@@ -84,7 +84,7 @@ class TreeRecorder:
 
     def __init__(self, inner):
         self.inner, self.name, self.trees = inner, inner.name, []
-        self.needs_hidden_states = getattr(inner, "needs_hidden_states", False)
+        self.needs_hidden_states = inner.needs_hidden_states
 
     def reset(self, context, target_out):
         self.inner.reset(context, target_out)

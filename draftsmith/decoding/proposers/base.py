@@ -1,11 +1,26 @@
-"""The interface every proposer implements, and the no-draft proposer of plain decoding."""
+"""The contract every proposer implements, the decoding families of trained drafters, and the
+no-draft proposer of plain decoding.
+
+A decoding family turns a trained drafter module into a proposer for one tree shape. Each family
+registers itself in the module that holds its proposer (`@register_family("feature")`), and a
+drafter kind names its family in the registry (`DrafterSpec.proposer`), so a new family is one
+module: nothing else lists the families.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from torch import nn
+
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.tree import Tree, root_only_tree
+from draftsmith.errors import DraftsmithError
 
 
 class Proposer(Protocol):
@@ -15,21 +30,87 @@ class Proposer(Protocol):
     token but the last) and the target's prefill output, then per step `propose(root, ...)`, where
     root is the last chosen token (not yet verified by a forward), and `observe` with the accepted
     path's tokens (root first) and the target's outputs for those nodes.
+
+    Attributes:
+        name: the method's name in reports.
+        needs_hidden_states: the proposer reads every layer's hidden states of the target's
+            forwards (`ForwardOutput.hidden_states`; EAGLE-3's fused features), so the runner must
+            return them; the last hidden state is always there.
     """
 
     name: str
+    needs_hidden_states: bool
 
-    def reset(self, context: list[int], target_out: ForwardOutput) -> None: ...
+    def reset(self, context: list[int], target_out: ForwardOutput) -> None:
+        """Start a prompt: `context` is committed in the target's cache, `target_out` its output."""
 
-    def propose(self, root: int, max_depth: int) -> Tree: ...
+    def propose(self, root: int, max_depth: int) -> Tree:
+        """The tree to verify after `root`, at most `max_depth` drafts deep."""
 
-    def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None: ...
+    def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
+        """Follow the accepted path (`path` node indices, `path_tokens` their tokens, root first);
+        `target_out` holds the target's outputs at every node of the verified tree."""
+
+
+class SkippableProposer(Proposer, Protocol):
+    """A proposer that can let another draft a step and still follow the text (the prompt-lookup
+    hybrid hands it the steps where prompt lookup matches)."""
+
+    def skip(self, root: int) -> None:
+        """This step's tree came from elsewhere: remember `root` so the next `observe` and
+        `propose` stay in step with the target."""
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """The tree a trained drafter's proposer grows for one method.
+
+    Attributes:
+        shape: `chain`, `static` or `dynamic` (one of the kind's `tree_shapes`).
+        chain_length: drafts in a chain.
+        dynamic: EAGLE-2 expansion settings of a dynamic tree.
+    """
+
+    shape: str
+    chain_length: int = 4
+    dynamic: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
+
+
+# (drafter module, tree settings, method name) -> its proposer
+DrafterFamily = Callable[[nn.Module, TreeSettings, str], Proposer]
+FAMILIES: dict[str, DrafterFamily] = {}
+
+
+def register_family(name: str) -> Callable[[DrafterFamily], DrafterFamily]:
+    """Decorator: register a decoding family under `name` (what `DrafterSpec.proposer` names)."""
+    def register(factory: DrafterFamily) -> DrafterFamily:
+        FAMILIES[name] = factory
+        return factory
+    return register
+
+
+def drafter_family(name: str) -> DrafterFamily:
+    """The decoding family `name`; every proposer module of this package is imported once first,
+    so each registers its own family.
+
+    Raises:
+        DraftsmithError: no family of that name (lists the registered ones).
+    """
+    if name not in FAMILIES:
+        package = importlib.import_module(__package__)
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{__package__}.{module.name}")
+    if name not in FAMILIES:
+        raise DraftsmithError(f"no decoding family {name!r}; registered: "
+                              f"{', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
 
 
 class NoDraftProposer:
     """Plain decoding: the tree is the root alone, so every step verifies one token."""
 
     name = "plain"
+    needs_hidden_states = False
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
         pass

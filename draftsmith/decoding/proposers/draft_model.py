@@ -44,6 +44,7 @@ class DraftModelProposer:
     """
 
     name = "draft_model"
+    needs_hidden_states = False
 
     def __init__(self, draft_model: torch.nn.Module, num_tokens: int = 4,
                  sampling: SamplingConfig | None = None,
@@ -109,6 +110,7 @@ class DraftModelTreeProposer:
     def __init__(self, draft_model: torch.nn.Module,
                  choices: tuple[tuple[int, ...], ...] | None = None,
                  dynamic: DynamicTreeConfig | None = None):
+        self.needs_hidden_states = False
         self.runner = CausalLMRunner(draft_model)
         self.choices = choices
         self.dynamic = dynamic or DynamicTreeConfig()

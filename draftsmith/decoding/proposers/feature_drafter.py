@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.decoding.proposers.base import Proposer, TreeSettings, register_family
 from draftsmith.decoding.proposers.tree_expansion import (
+    DEFAULT_CHOICES,
     DynamicTreeConfig,
     TreeSlots,
+    chain_choices,
     grow_dynamic_tree,
     grow_static_tree,
 )
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.tree import Tree, root_only_tree
-
-
-def chain_choices(length: int) -> tuple[tuple[int, ...], ...]:
-    """Static choices of a chain of `length` top-1 drafts."""
-    return tuple((0,) * d for d in range(1, length + 1))
+from draftsmith.models.contracts import FeatureDrafterModule
 
 
 class FeatureDrafterProposer:
@@ -37,7 +36,7 @@ class FeatureDrafterProposer:
 
     needs_hidden_states = True
 
-    def __init__(self, drafter: torch.nn.Module, choices: tuple[tuple[int, ...], ...] | None = None,
+    def __init__(self, drafter: FeatureDrafterModule, choices: tuple[tuple[int, ...], ...] | None = None,
                  dynamic: DynamicTreeConfig | None = None, name: str = "drafter"):
         if choices is None and dynamic is None:
             raise ValueError("give static choices or a dynamic tree config")
@@ -119,3 +118,12 @@ class FeatureDrafterProposer:
             features = torch.cat([self.pending_features, features])
         self.pending_features = features
         self.pending_tokens = [*self.pending_tokens, *path_tokens[1:]]
+
+
+@register_family("feature")
+def feature_family(module: FeatureDrafterModule, tree: TreeSettings, name: str) -> Proposer:
+    """Autoregressive drafting on the target's features (EAGLE-1/2, EAGLE-3), any tree shape."""
+    if tree.shape == "dynamic":
+        return FeatureDrafterProposer(module, dynamic=tree.dynamic, name=name)
+    choices = chain_choices(tree.chain_length) if tree.shape == "chain" else DEFAULT_CHOICES
+    return FeatureDrafterProposer(module, choices, name=name)

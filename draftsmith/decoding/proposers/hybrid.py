@@ -12,6 +12,7 @@ own state is complete when the next step is its turn.
 
 from __future__ import annotations
 
+from draftsmith.decoding.proposers.base import SkippableProposer
 from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.tree import Tree
@@ -27,7 +28,8 @@ class LookupHybridProposer:
         name: method name in reports.
     """
 
-    def __init__(self, drafter, lookup: PromptLookupProposer, min_ngram: int, name: str):
+    def __init__(self, drafter: SkippableProposer, lookup: PromptLookupProposer, min_ngram: int,
+                 name: str):
         if min_ngram < lookup.min_ngram or min_ngram > lookup.max_ngram:
             raise ValueError(f"min_ngram {min_ngram} must lie in prompt lookup's n-gram range "
                              f"{lookup.min_ngram}..{lookup.max_ngram}")
@@ -35,7 +37,7 @@ class LookupHybridProposer:
         self.lookup = lookup
         self.min_ngram = min_ngram
         self.name = name
-        self.needs_hidden_states = getattr(drafter, "needs_hidden_states", False)
+        self.needs_hidden_states = drafter.needs_hidden_states
         self.lookup_steps = self.drafter_steps = 0
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:

@@ -47,6 +47,7 @@ class LookaheadProposer:
     """
 
     name = "lookahead"
+    needs_hidden_states = False
 
     def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, seed: int = 0):
         if window < 1 or ngram < 2 or guesses < 1:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES
+from draftsmith.decoding.proposers.base import Proposer, TreeSettings, register_family
+from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, chain_choices
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.tree import Tree, root_only_tree, static_tree_choices, tree_from_lists
+from draftsmith.models.contracts import HeadsDrafterModule
 
 
 class MedusaProposer:
@@ -22,9 +24,12 @@ class MedusaProposer:
     """
 
     name = "medusa"
+    needs_hidden_states = False
 
-    def __init__(self, heads: torch.nn.Module, choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES):
+    def __init__(self, heads: HeadsDrafterModule, choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES,
+                 name: str = "medusa"):
         self.heads = heads
+        self.name = name
         depth = len(heads.heads)
         self.choices = tuple(c for c in choices if len(c) <= depth)
         self.hidden: torch.Tensor | None = None
@@ -51,3 +56,10 @@ class MedusaProposer:
 
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         self.hidden = target_out.last_hidden[path[-1]]
+
+
+@register_family("heads")
+def heads_family(module: HeadsDrafterModule, tree: TreeSettings, name: str) -> Proposer:
+    """Parallel heads on the last hidden state (Medusa): a static tree or a chain of top-1s."""
+    choices = chain_choices(tree.chain_length) if tree.shape == "chain" else DEFAULT_CHOICES
+    return MedusaProposer(module, choices, name)

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.decoding.proposers.base import Proposer, TreeSettings, register_family
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.tree import Tree, chain_tree
+from draftsmith.models.contracts import ModuleChainDrafterModule
 
 
 class MTPProposer:
     """Chain of up to K drafts from a trained MTPDrafter (greedy top-1 per module)."""
 
     name = "mtp_chain"
+    needs_hidden_states = False
 
-    def __init__(self, drafter: torch.nn.Module):
+    def __init__(self, drafter: ModuleChainDrafterModule, name: str = "mtp_chain"):
         self.drafter = drafter
+        self.name = name
         self.num_modules = len(drafter.layers)
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
@@ -86,3 +90,9 @@ class MTPProposer:
         for offset, node in enumerate(path):
             self.features[root_position + offset] = target_out.last_hidden[node]
         self.tokens.extend(path_tokens[1:])
+
+
+@register_family("modules")
+def modules_family(module: ModuleChainDrafterModule, tree: TreeSettings, name: str) -> Proposer:
+    """Chained multi-token-prediction modules (MTP): one chain, a draft per module."""
+    return MTPProposer(module, name)

@@ -20,6 +20,7 @@ class PromptLookupProposer:
     """
 
     name = "prompt_lookup"
+    needs_hidden_states = False
 
     def __init__(self, num_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

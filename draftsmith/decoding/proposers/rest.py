@@ -72,6 +72,7 @@ class RestProposer:
     """
 
     name = "rest"
+    needs_hidden_states = False
 
     def __init__(self, datastore: RetrievalIndex, num_tokens: int = 16, depth: int = 10,
                  max_suffix: int = 16, min_suffix: int = 2, max_matches: int = 1000):

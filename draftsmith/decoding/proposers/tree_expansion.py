@@ -34,6 +34,11 @@ DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
 )
 
 
+def chain_choices(length: int) -> tuple[tuple[int, ...], ...]:
+    """Static choices of a chain of `length` top-1 drafts."""
+    return tuple((0,) * d for d in range(1, length + 1))
+
+
 @dataclass(frozen=True)
 class DynamicTreeConfig:
     """EAGLE-2 expansion settings.
