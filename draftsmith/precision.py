@@ -170,6 +170,25 @@ def measure_bf16_slowdown(hidden_size: int, intermediate_size: int, rows: int = 
     return ratio
 
 
+def check_dtype(value, key: str = "--dtype") -> None:
+    """The one check of a compute dtype setting (`auto`, `float32`, `bfloat16`, `float16`).
+
+    Args:
+        value: the setting as given.
+        key: how the message names the setting: a flag (`--dtype 'fp8' is not supported; ...`)
+            or a file's key (`target.dtype = 'fp8': ...`).
+
+    Raises:
+        DraftsmithError: an unknown name, listing the choices.
+    """
+    if value in COMPUTE_DTYPES:
+        return
+    choices = ", ".join(COMPUTE_DTYPES)
+    if key.startswith("--"):
+        raise DraftsmithError(f"{key} {value!r} is not supported; choose one of: {choices}")
+    raise DraftsmithError(f"{key} = {value!r}: choose one of: {choices}")
+
+
 def _speed_words(ratio: float) -> str:
     return f"{ratio:.0f}x slower" if ratio >= 1.95 else (
         f"{ratio:.2f}x the time of float32" if ratio >= 1 else f"{1 / ratio:.1f}x faster")
@@ -190,9 +209,7 @@ def choose_dtype(requested: str, device: str | torch.device = "cpu", hidden_size
     Raises:
         DraftsmithError: an unknown dtype name (lists the choices).
     """
-    if requested not in COMPUTE_DTYPES:
-        raise DraftsmithError(f"dtype {requested!r} is not supported; choose one of: "
-                              f"{', '.join(COMPUTE_DTYPES)}")
+    check_dtype(requested)
     device = torch.device(device)
     inter = intermediate_size or 4 * hidden_size
     if device.type == "cuda":

@@ -1,5 +1,8 @@
 """Load a frozen target model and its tokenizer from an offline name, a folder, a GGUF file or a Hub id.
 
+`TargetSpec` is the one home of a target's settings (name, dtype, device, remote code), checked
+when built; recipes, the eval and serve-check flags and the benchmark all make one.
+
 `spec` forms, tried in this order:
   * a name from the offline catalog (`smollm2-135m-instruct`), fetched by `draftsmith models fetch`;
   * a path to a `.gguf` file (dequantized by transformers' gguf support);
@@ -13,17 +16,82 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import torch
 
 from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
-from draftsmith.precision import DtypeChoice, choose_dtype
+from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.precision import DtypeChoice, check_dtype, choose_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
+FLAGS = "--"  # `TargetSpec(where=FLAGS)`: errors name command-line flags
+
+
+def setting_key(where: str, field: str) -> str:
+    """How a message names a target field: `target.dtype` in a file's `target:` section
+    (`where="target"`), `--dtype` on the command line (`where="--"`), `dtype` at a file's top
+    level (`where=""`); the name is `--target` / `target` outside a section."""
+    if where == FLAGS:
+        return "--" + ("target" if field == "name" else field.replace("_", "-"))
+    if not where:
+        return "target" if field == "name" else field
+    return f"{where}.{field}"
+
+
+@dataclass
+class TargetSpec:
+    """The frozen target a command runs with, checked when built (before any model is loaded).
+
+    The one home of these settings: a training recipe's and a data recipe's `target:` section,
+    `draftsmith eval`'s and `serve-check`'s flags and a benchmark's `target:` / `dtype:` all make
+    one.
+
+    Attributes:
+        name: offline model name, local folder, .gguf file or Hub id.
+        dtype: dtype the target runs in: `auto` (bf16 on GPUs and on CPUs where a measured probe
+            shows it faster, else float32), `float32`, `bfloat16` or `float16`.
+        device: `cpu`, `cuda`, `cuda:N` or `auto`; None where the command places the target
+            itself (training: each process's device, as accelerate chose it).
+        trust_remote_code: run model code from the Hub repo (off unless asked).
+        where: how errors name the fields (see `setting_key`); not a setting.
+    """
+
+    name: str = DEFAULT_TARGET
+    dtype: str = "auto"
+    device: str | None = "cpu"
+    trust_remote_code: bool = False
+    where: InitVar[str] = "target"
+
+    def __post_init__(self, where: str):
+        if not isinstance(self.name, str) or not self.name:
+            raise DraftsmithError(f"{_named(where, 'name', self.name)}: name an offline model, a "
+                                  "folder, a .gguf file or a Hub id")
+        check_dtype(self.dtype, setting_key(where, "dtype"))
+        if self.device is not None:
+            if not isinstance(self.device, str) or not self.device:
+                raise DraftsmithError(f"{_named(where, 'device', self.device)}: use cpu, cuda, "
+                                      "cuda:N or auto")
+            resolve_device(self.device, setting_key(where, "device"))
+        if not isinstance(self.trust_remote_code, bool):
+            raise DraftsmithError(f"{_named(where, 'trust_remote_code', self.trust_remote_code)}"
+                                  ": must be true or false")
+
+    def load(self, device: str | None = None) -> Target:
+        """The target loaded frozen (`load_target`), on `device` (default: this spec's, else cpu)."""
+        return load_target(self.name, dtype=self.dtype, device=device or self.device or "cpu",
+                           trust_remote_code=self.trust_remote_code)
+
+
+def _named(where: str, field: str, value) -> str:
+    return _given(setting_key(where, field), value)
+
+
+def _given(key: str, value) -> str:
+    """`--device 'tpu'` or `target.device = 'tpu'`: a setting and its value, for messages."""
+    return f"{key} {value!r}" if key.startswith("--") else f"{key} = {value!r}"
 
 
 @dataclass
@@ -51,11 +119,12 @@ def resolve_dtype(name: str) -> torch.dtype:
     """Map an explicit dtype name to torch (`auto` is resolved by `choose_target_dtype`).
 
     Raises:
-        DraftsmithError: unknown name (lists the choices).
+        DraftsmithError: unknown name (lists the choices), or `auto`.
     """
+    check_dtype(name)
     if name not in DTYPES:
-        raise DraftsmithError(f"--dtype {name!r} is not supported; choose one of: "
-                              f"{', '.join(DTYPE_CHOICES)}")
+        raise DraftsmithError(f"dtype {name!r} is decided per machine; resolve it with "
+                              "choose_target_dtype first")
     return DTYPES[name]
 
 
@@ -76,9 +145,7 @@ def choose_target_dtype(spec: str, dtype: str, device: str = "cpu", *,
 
 def _choose_dtype(spec: str, source: tuple[str, dict], dtype: str, device: str,
                   trust_remote_code: bool) -> DtypeChoice:
-    if dtype not in DTYPE_CHOICES:
-        raise DraftsmithError(f"--dtype {dtype!r} is not supported; choose one of: "
-                              f"{', '.join(DTYPE_CHOICES)}")
+    check_dtype(dtype)
     torch_device = resolve_device(device)
     hidden, inter = 1024, None
     if dtype in ("auto", "bfloat16") and torch_device.type == "cpu":
@@ -100,22 +167,28 @@ def _choose_dtype(spec: str, source: tuple[str, dict], dtype: str, device: str,
     return choice
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "--device") -> torch.device:
     """Validate a device string (`cpu`, `cuda`, `cuda:1`, or `auto` = cuda when available).
+
+    Args:
+        name: the device setting.
+        key: how messages name it: a flag (`--device`) or a file's key (`target.device`).
 
     Raises:
         DraftsmithError: CUDA requested where there is none, or a malformed name.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    given = _given(key, name)
+    use_cpu = f"{key} cpu" if key.startswith("--") else f"{key}=cpu"
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise DraftsmithError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N or auto") from err
+        raise DraftsmithError(f"{given} is not a device; use cpu, cuda, cuda:N or auto") from err
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DraftsmithError(f"--device {name!r} asked for CUDA but no GPU is visible; use --device cpu")
+        raise DraftsmithError(f"{given} asked for CUDA but no GPU is visible; use {use_cpu}")
     if device.type not in ("cpu", "cuda"):
-        raise DraftsmithError(f"--device {name!r} is not supported; use cpu, cuda, cuda:N or auto")
+        raise DraftsmithError(f"{given} is not supported; use cpu, cuda, cuda:N or auto")
     return device
 
 

@@ -9,8 +9,9 @@ from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.engines.engine_env import own_engine_python
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_methods, split_method
+from draftsmith.registry import get_spec, served_by
 from draftsmith.serving import ENGINES
-from draftsmith.target import DTYPE_CHOICES
+from draftsmith.target import TargetSpec
 
 
 @dataclass
@@ -145,7 +146,8 @@ class BenchConfig:
     """A benchmark of one target.
 
     Attributes:
-        target: the target spec; dtype: the dtype it trains and decodes in.
+        target: the target spec; dtype: the dtype it trains and decodes in (checked as one
+            `draftsmith.target.TargetSpec`, `target_spec()`; bench.json records them as written).
         data: the data recipe every drafter trains on (prepared once).
         out_dir: everything the benchmark writes for this target (resumable).
         budget_minutes: wall-clock training minutes per drafter on this machine; steps are set
@@ -181,6 +183,15 @@ class BenchConfig:
     def kind(self, label: str) -> KindEntry:
         return next(k for k in self.kinds if k.label == label)
 
+    def target_spec(self) -> TargetSpec:
+        """The target's settings as one checked `TargetSpec` (training places it on each
+        process's device, the evaluation on the eval's default device).
+
+        Raises:
+            DraftsmithError: an empty target or an unknown dtype, named as the file's keys.
+        """
+        return TargetSpec(self.target, self.dtype, device=None, where="")
+
 
 def _section(cls, values, where: str, **extra):
     return build_dataclass(cls, values, where, **extra)
@@ -201,9 +212,10 @@ def load_bench_config(path: str | Path) -> BenchConfig:
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
-    if config.dtype not in DTYPE_CHOICES:
-        raise DraftsmithError(f"{path}: dtype = {config.dtype!r}: choose one of: "
-                              f"{', '.join(DTYPE_CHOICES)}")
+    try:
+        config.target_spec()
+    except DraftsmithError as err:
+        raise DraftsmithError(f"{path}: {err}") from None
     for where, spec in [("eval", {"check_lossless": evaluation.check_lossless}),
                         *[(f"eval.passes.{n}", v) for n, v in evaluation.passes.items()]]:
         why = ("check_lossless: true (the gate runs in float32)" if spec.get("check_lossless")
@@ -267,9 +279,12 @@ def _check_engine(config: BenchConfig, path) -> None:
     entry = labels[spec["drafter"]]
     recipe = read_yaml_mapping(entry.recipe, "recipe", "recipes live in recipes/")
     kind = {**(recipe.get("drafter") or {}), **entry.drafter}.get("kind")
-    if kind != "eagle3":
+    served = [engine for engine in engines
+              if engine not in get_spec(kind).engine_methods]
+    if served:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is a {kind} drafter; "
-                              "the engine check runs EAGLE-3 drafters")
+                              f"the engine check runs {' / '.join(served_by(served[0]))} "
+                              f"drafters in {served[0]}, which does not serve {kind}")
     for key in ENGINE_KEYS - {"drafter", "engines"}:
         value = spec.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -30,6 +30,7 @@ from draftsmith.bench.engine_stage import engine_check, read_engine_checks
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
 from draftsmith.files import write_json
+from draftsmith.train.budget import steps_for_budget
 from draftsmith.train.metrics import metrics_rows
 
 
@@ -58,7 +59,8 @@ def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
     data = data["data"]
     data["out_dir"] = str(Path(config.out_dir) / "data")
     raw["data"] = data
-    raw["target"] = {**raw.get("target", {}), "name": config.target, "dtype": config.dtype}
+    target = config.target_spec()
+    raw["target"] = {**raw.get("target", {}), "name": target.name, "dtype": target.dtype}
     raw["drafter"] = {**raw.get("drafter", {}), **entry.drafter}
     raw["train"] = {**raw.get("train", {}), **config.train, **entry.train, **train}
     return raw
@@ -148,7 +150,9 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         _train(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
         rows = _metrics(calibration)
     per_step = seconds_per_step(rows)
-    steps = max(config.calibration_steps, math.floor(config.budget_minutes * 60 / per_step))
+    steps = max(config.calibration_steps, steps_for_budget(
+        per_step, config.budget_minutes * 60, elapsed_seconds=0.0, done_steps=0,
+        max_steps=sys.maxsize))
     log(f"{entry.label}: {per_step:.2f} s/step -> {steps} steps in {config.budget_minutes:g} min")
     raw = kind_recipe(config, entry, output_dir=str(folder))
     raw["train"].update(max_steps=steps, warmup_steps=min(raw["train"].get("warmup_steps", 0),
@@ -214,14 +218,15 @@ def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
     used = {split_method(m)[1] for m in methods}
     tree = {f"tree_{key}": value for key, value in ev.tree.items()}
     datastore = Path(config.out_dir) / "data" / "datastore"
+    target = config.target_spec()
     settings = {"limit": ev.limit, "max_new_tokens": ev.max_new_tokens,
                 "autotune_tree": ev.autotune_tree, **fields}
     eval_config = build_eval_config(
         temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
         lookup_tokens=ev.lookup_tokens, **tree,
         datastore=str(datastore) if ev.datastore else None,
-        target=config.target, draft_model=ev.draft_model,
-        drafters=tuple(d for d in drafters if d[0] in used), dtype=config.dtype,
+        target=target.name, draft_model=ev.draft_model,
+        drafters=tuple(d for d in drafters if d[0] in used), dtype=target.dtype,
         bench=tuple(ev.bench), methods=("plain", *methods), out_dir=str(out), **settings)
     return run_eval(eval_config, log=log)
 
@@ -240,7 +245,8 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     from draftsmith.target import load_tokenizer
 
     ev = config.eval
-    context = target_context_length(config.target)
+    target = config.target_spec()
+    context = target_context_length(target.name, target.trust_remote_code)
     if not context:
         return
     runs = [("eval", ev.limit, ev.max_new_tokens)] + [
@@ -248,7 +254,7 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
          spec.get("max_new_tokens", ev.max_new_tokens)) for name, spec in ev.passes.items()]
     settings = ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens,
                                 tree=DynamicTreeConfig(**ev.tree))
-    tokenizer = load_tokenizer(config.target)
+    tokenizer = load_tokenizer(target.name, trust_remote_code=target.trust_remote_code)
     for where, limit, max_new_tokens in runs:
         check_prompts_fit(tokenizer, gather_prompts(tuple(ev.bench), (), limit), context,
                           max_new_tokens, draft_margin(settings, ev.autotune_tree),

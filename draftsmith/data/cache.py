@@ -37,14 +37,7 @@ from draftsmith.data.batching import collate, plan_batches
 from draftsmith.data.features import layers_for_kind, layers_for_kinds
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
-from draftsmith.data.shards import (
-    MANIFEST,
-    budget_spent,
-    done_shards,
-    open_run,
-    read_manifest,
-    record_shard,
-)
+from draftsmith.data.shards import MANIFEST, ShardReport, open_run, read_manifest, record_shard
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_atomic
 from draftsmith.models.features import extract_features, hidden_key, num_decoder_layers
@@ -54,25 +47,10 @@ KIND = "feature_cache"
 
 
 @dataclass
-class CacheReport:
-    """What a `build_feature_cache` call did (this call only)."""
+class CacheReport(ShardReport):
+    """What a `build_feature_cache` call did (this call only; `tokens`: tokens read)."""
 
-    folder: Path
-    shards_total: int
-    shards_written: int = 0
-    shards_skipped: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
     bytes_written: int = 0
-    budget_reached: bool = False  # `max_minutes` closed the cache before its last shard
-
-    @property
-    def complete(self) -> bool:
-        return self.budget_reached or self.shards_written + self.shards_skipped == self.shards_total
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
 def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[tuple[int, int]]:
@@ -156,8 +134,10 @@ def build_feature_cache(
         chat_template_sha256: recorded for reference (the template that rendered the samples).
         stop_after_shards: write at most this many new shards, then return.
         progress: show a tqdm bar.
-        max_minutes: start no new shard once the finished ones took this long (summed over
-            runs); the cache then holds a prefix of the samples and counts as complete.
+        max_minutes: wall-clock budget, summed over runs: no new shard once the finished ones
+            took it, nor one that would end more than half of itself past it
+            (`shards.budget_has_room`); the cache then holds a prefix of the samples and counts
+            as complete.
         aux_layers: 0-based layer outputs to store besides the kinds' defaults.
 
     Raises:
@@ -183,20 +163,14 @@ def build_feature_cache(
         "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * int(text_config.hidden_size)
         * DTYPES[dtype].itemsize,
     })
-    done = done_shards(manifest)
-    report = CacheReport(out_dir, len(plan), shards_skipped=len(done & set(range(len(plan)))))
+    report = CacheReport.start(out_dir, manifest, len(plan))
     budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
     bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc=f"hidden states{budget}",
                unit="tok", disable=not progress, smoothing=0.1)
     bar.update(sum(s["tokens"] for s in manifest["shards"]))
-    for index, (start, end) in enumerate(plan):
-        if index in done:
-            continue
-        if stop_after_shards is not None and report.shards_written >= stop_after_shards:
-            break
-        if budget_spent(manifest, max_minutes):
-            report.budget_reached = True
-            break
+    sizes = [sum(len(s.input_ids) for s in samples[start:end]) for start, end in plan]
+    for index in report.pending(manifest, sizes, "tokens", max_minutes, stop_after_shards):
+        start, end = plan[index]
         began = time.perf_counter()
         tensors = extract_shard(model, samples[start:end], layers, DTYPES[dtype], batch_size,
                                 batch_tokens)
@@ -211,9 +185,7 @@ def build_feature_cache(
             "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
             "seconds": round(seconds, 3),
         })
-        report.shards_written += 1
-        report.tokens += tokens
-        report.seconds += seconds
+        report.wrote(seconds, tokens)
         report.bytes_written += size
         bar.update(tokens)
     bar.close()

@@ -1,6 +1,6 @@
 """Data recipes: `DataConfig` (the `data:` section, also embedded in training recipes) and the
-target it runs with (the `target:` section, the same shape as in training recipes), loaded from
-YAML with `section.key=value` overrides.
+target it runs with (the `target:` section: `draftsmith.target.TargetSpec`, as in training
+recipes, plus `device`), loaded from YAML with `section.key=value` overrides.
 
 A data recipe file:
 
@@ -26,8 +26,7 @@ from pathlib import Path
 from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.data.features import FEATURE_KINDS
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import DEFAULT_TARGET
-from draftsmith.target import DTYPE_CHOICES, resolve_device
+from draftsmith.target import TargetSpec
 
 FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 REGENERATE_BACKENDS = ("transformers", "openai")
@@ -72,8 +71,9 @@ class RegenerateConfig:
     batch_tokens: int = 16384  # and at most rows * (longest prompt + max_new_tokens) tokens
     shard_size: int = 256  # conversations per JSONL shard (the unit of resume)
     limit: int | None = None  # answer only the first N conversations again; the rest keep theirs
-    # wall-clock budget: no new shard starts once finished shards took this long (summed over
-    # runs, so a resumed run stops at the same shard); the rest keep their responses as written
+    # wall-clock budget, summed over runs: no new shard starts once finished shards took it, nor
+    # one that would end more than half of itself past it at the latest shards' pace (decided
+    # from the manifest, so a resumed run stops at the same shard); the rest keep their answers
     max_minutes: float | None = None
 
     def __post_init__(self):
@@ -131,8 +131,8 @@ class CacheConfig:
     batch_size: int = 32  # at most this many sequences per target forward
     batch_tokens: int = 8192  # and at most rows * longest sequence tokens
     shard_tokens: int = 32768  # tokens per safetensors shard (whole sequences; may exceed it)
-    # wall-clock budget: no new shard starts once finished shards took this long (summed over
-    # runs); the cache then holds the first conversations only and training reads those
+    # wall-clock budget, as regenerate.max_minutes; the cache then holds the first
+    # conversations only and training reads those
     max_minutes: float | None = None
 
     def __post_init__(self):
@@ -236,36 +236,11 @@ class DataConfig:
 
 
 @dataclass
-class TargetConfig:
-    """The frozen target a data recipe runs with (`target:`)."""
-
-    name: str = DEFAULT_TARGET  # offline model name, local folder, .gguf file or Hub id
-    dtype: str = "auto"  # auto (measured on this machine) | float32 | bfloat16 | float16
-    device: str = "cpu"  # cpu | cuda | cuda:N | auto
-    trust_remote_code: bool = False  # run model code from the Hub repo
-
-    def __post_init__(self):
-        _require(isinstance(self.name, str) and bool(self.name), "target.name", self.name,
-                 "name an offline model, a folder, a .gguf file or a Hub id")
-        _require(self.dtype in DTYPE_CHOICES, "target.dtype", self.dtype,
-                 f"choose one of: {', '.join(DTYPE_CHOICES)}")
-        _require(isinstance(self.device, str) and bool(self.device), "target.device",
-                 self.device, "use cpu, cuda, cuda:N or auto")
-        try:
-            resolve_device(self.device)
-        except DraftsmithError as err:
-            message = str(err).replace(f"--device {self.device!r}",
-                                       f"target.device = {self.device!r}", 1)
-            raise DraftsmithError(message.replace("--device cpu", "target.device=cpu")) from None
-        _require(isinstance(self.trust_remote_code, bool), "target.trust_remote_code",
-                 self.trust_remote_code, "must be true or false")
-
-
-@dataclass
 class DataRecipe:
-    """A whole data recipe: the target and the `data:` section."""
+    """A whole data recipe: the target (`target:`, see `draftsmith.target.TargetSpec`) and the
+    `data:` section."""
 
-    target: TargetConfig
+    target: TargetSpec
     data: DataConfig
 
 
@@ -276,10 +251,10 @@ def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> Da
         DraftsmithError: a missing file, bad YAML, unknown keys or invalid values.
     """
     values = read_yaml_mapping(path, "recipe", "see recipes/data/ for examples")
-    apply_overrides(values, overrides or [], {"target": TargetConfig, "data": DataConfig})
+    apply_overrides(values, overrides or [], {"target": TargetSpec, "data": DataConfig})
     unknown = sorted(set(values) - {"target", "data"})
     if unknown:
         raise DraftsmithError(f"unknown section(s) {', '.join(unknown)} in {path}; "
                               "valid sections: target, data")
-    return DataRecipe(target=_build(TargetConfig, values.get("target") or {}, "target"),
+    return DataRecipe(target=_build(TargetSpec, values.get("target") or {}, "target"),
                       data=DataConfig.from_dict(values.get("data") or {}))

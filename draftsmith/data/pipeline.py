@@ -62,8 +62,6 @@ def run_data_recipe(
         DraftsmithError: any user-fixable problem (source, target, template, settings), and a
             source or rendering that leaves no conversations (nothing is written then).
     """
-    from draftsmith.target import load_target
-
     data = recipe.data
     out_dir = Path(data.out_dir)
     summary: dict = {"target": asdict(recipe.target), "data": data.to_dict()}
@@ -78,9 +76,7 @@ def run_data_recipe(
     summary["cleaning"] = cleaning.to_json()
 
     if target is None:
-        target = load_target(recipe.target.name, dtype=recipe.target.dtype,
-                             device=recipe.target.device,
-                             trust_remote_code=recipe.target.trust_remote_code)
+        target = recipe.target.load()
     model, tokenizer = target.model, target.tokenizer
     template = resolve_chat_template(tokenizer, data.chat_template)
     identity = TargetIdentity.of(model, tokenizer)

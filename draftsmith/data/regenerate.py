@@ -40,33 +40,22 @@ from draftsmith.data.conversations import Conversation
 from draftsmith.data.identity import TargetIdentity, text_sha256
 from draftsmith.data.render import prompt_ids
 from draftsmith.data.server_client import Reply
-from draftsmith.data.shards import budget_spent, done_shards, open_run, record_shard
+from draftsmith.data.shards import ShardReport, open_run, record_shard
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_atomic
 
 
 @dataclass
-class RegenerationReport:
-    """What a `regenerate` call did (this call only; earlier finished shards are skipped)."""
+class RegenerationReport(ShardReport):
+    """What a `regenerate` call did (this call only; `tokens`: tokens generated)."""
 
-    folder: Path
-    shards_total: int
-    shards_written: int = 0
-    shards_skipped: int = 0
     conversations_written: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
     dropped: Counter = field(default_factory=Counter)
-    budget_reached: bool = False  # `max_minutes` closed the run before its last shard
     failed: list = field(default_factory=list)  # {"index", "id", "error"} per failed conversation
 
     @property
-    def complete(self) -> bool:
-        return self.budget_reached or self.shards_written + self.shards_skipped == self.shards_total
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+    def new_tokens(self) -> int:
+        return self.tokens
 
 
 @torch.inference_mode()
@@ -273,7 +262,6 @@ def regenerate(
         "conversations": len(conversations), "conversations_sha256": conversations_sha256(conversations),
     }
     manifest = open_run(out_dir, "regenerated", run_settings)
-    done = done_shards(manifest)
     if settings.backend == "openai" and server is None:
         raise ValueError("data.regenerate.backend is openai but no server was given")
     responder = None
@@ -286,19 +274,14 @@ def regenerate(
             else:
                 responder = InProcessResponder(model, tokenizer, settings, eos_ids)
         return responder(requests)
-    report = RegenerationReport(out_dir, num_shards, shards_skipped=len(done & set(range(num_shards))))
+    report = RegenerationReport.start(out_dir, manifest, num_shards)
     budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
     bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",
                disable=not progress, smoothing=0.1)
     bar.update(sum(s["count"] for s in manifest["shards"]))
-    for index in range(num_shards):
-        if index in done:
-            continue
-        if stop_after_shards is not None and report.shards_written >= stop_after_shards:
-            break
-        if budget_spent(manifest, settings.max_minutes):
-            report.budget_reached = True
-            break
+    sizes = [len(conversations[i * size: (i + 1) * size]) for i in range(num_shards)]
+    for index in report.pending(manifest, sizes, "count", settings.max_minutes,
+                                stop_after_shards):
         first = index * size
         chunk = conversations[first: first + size]
         torch.manual_seed(settings.seed * 1_000_003 + index)
@@ -316,10 +299,8 @@ def regenerate(
             "stops": dict(Counter(s for r in records for s in r["stops"])), "dropped": dict(dropped),
             "failed": failed,
         })
-        report.shards_written += 1
+        report.wrote(seconds, new_tokens)
         report.conversations_written += len(records)
-        report.new_tokens += new_tokens
-        report.seconds += seconds
         report.dropped.update(dropped)
         report.failed += failed
         bar.update(len(chunk))

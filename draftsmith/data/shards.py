@@ -5,17 +5,23 @@ each shard to a temporary file renamed into place, then records it in `manifest.
 replaced atomically. After a kill, a shard is either recorded (complete, skipped on resume) or
 not (redone and overwritten), so nothing is lost or duplicated. A manifest also pins the settings
 the run was started with; resuming with different settings is refused.
+
+`ShardReport` is the bookkeeping both runs share: which shards are still to write, when a
+wall-clock budget (`max_minutes`, summed over runs) closes the run, and what one call did.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_json
 
 MANIFEST = "manifest.json"
+RECENT_SHARDS = 4  # the next shard's duration is estimated from this many latest finished shards
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -109,7 +115,93 @@ def record_shard(folder: Path, manifest: dict, entry: dict) -> None:
     write_json(Path(folder) / MANIFEST, manifest)
 
 
-def budget_spent(manifest: dict, max_minutes: float | None) -> bool:
-    """True when the finished shards of a run took `max_minutes` or more in all (None: never)."""
+def next_shard_seconds(manifest: dict, size: int, size_key: str) -> float | None:
+    """How long a shard of `size` work units (`size_key` of a manifest entry: conversations,
+    tokens) should take: the mean time of the latest finished shards, or proportionally less for
+    a smaller shard (shards are planned to one size; the last one is often smaller). None before
+    the first shard finished."""
+    recent = manifest["shards"][-RECENT_SHARDS:]  # shards are written in index order
+    if not recent:
+        return None
+    seconds = sum(s["seconds"] for s in recent) / len(recent)
+    typical = sum(s[size_key] for s in recent) / len(recent)
+    return seconds * min(1.0, size / typical) if typical > 0 else seconds
+
+
+def budget_has_room(manifest: dict, max_minutes: float | None, size: int, size_key: str) -> bool:
+    """Whether a run with a budget of `max_minutes` (None: none) starts its next shard.
+
+    It does unless the finished shards (summed over runs) took the budget, or the next shard,
+    at the latest shards' pace (`next_shard_seconds`), would end more than half of itself past
+    the budget: so the run ends within half a shard of its budget, on either side.
+    """
+    if max_minutes is None:
+        return True
+    budget = max_minutes * 60
     spent = sum(s["seconds"] for s in manifest["shards"])
-    return max_minutes is not None and spent >= max_minutes * 60
+    estimate = next_shard_seconds(manifest, size, size_key)
+    return spent < budget and (estimate is None or spent + estimate / 2 <= budget)
+
+
+@dataclass
+class ShardReport:
+    """What one call of a sharded run did (this call only; earlier finished shards are skipped).
+
+    Attributes:
+        folder: the run's folder.
+        shards_total: shards the run is planned in.
+        shards_written, shards_skipped: written by this call; finished by an earlier one.
+        tokens: tokens this call processed (regeneration: generated; the cache: read).
+        seconds: time this call spent writing shards.
+        budget_reached: `max_minutes` closed the run before its last shard.
+    """
+
+    folder: Path
+    shards_total: int
+    shards_written: int = 0
+    shards_skipped: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    budget_reached: bool = False
+
+    @classmethod
+    def start(cls, folder: Path, manifest: dict, shards_total: int):
+        """The report of a call that continues the run `manifest` records."""
+        done = done_shards(manifest) & set(range(shards_total))
+        return cls(Path(folder), shards_total, shards_skipped=len(done))
+
+    @property
+    def complete(self) -> bool:
+        return self.budget_reached or self.shards_written + self.shards_skipped == self.shards_total
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def pending(self, manifest: dict, sizes: Sequence[int], size_key: str,
+                max_minutes: float | None, stop_after_shards: int | None) -> Iterator[int]:
+        """The indices of the shards still to write, in order (count each with `wrote`).
+
+        Args:
+            manifest: the run's manifest (finished shards are skipped).
+            sizes: each planned shard's work units, as `size_key` records them.
+            size_key: the manifest entries' field of work units (`count`, `tokens`).
+            max_minutes: the budget (`budget_has_room`); stopping for it sets `budget_reached`.
+            stop_after_shards: stop after this many new shards (None: no limit).
+        """
+        done = done_shards(manifest)
+        for index, size in enumerate(sizes):
+            if index in done:
+                continue
+            if stop_after_shards is not None and self.shards_written >= stop_after_shards:
+                return
+            if not budget_has_room(manifest, max_minutes, size, size_key):
+                self.budget_reached = True
+                return
+            yield index
+
+    def wrote(self, seconds: float, tokens: int) -> None:
+        """Count a shard this call wrote."""
+        self.shards_written += 1
+        self.seconds += seconds
+        self.tokens += tokens

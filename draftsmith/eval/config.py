@@ -11,7 +11,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import ProposerSettings, check_hybrid_settings, check_methods
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.quantize import parse_target_quant
-from draftsmith.target import DTYPE_CHOICES, resolve_device
+from draftsmith.target import FLAGS, TargetSpec, resolve_device
 
 
 @dataclass
@@ -25,6 +25,8 @@ class EvalConfig:
         drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
             are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
         dtype, device: for target and draft model (`auto`: see draftsmith.precision).
+            `target`, `dtype`, `device` and `trust_remote_code` are checked as one
+            `draftsmith.target.TargetSpec` (`target_spec()`); eval.json records them as written.
         bench: built-in prompt sets (mt_bench, humaneval, gsm8k).
         prompt_files: the user's prompt files (Spec-Bench / MT-bench JSONL, OpenAI `messages`
             JSONL, or text with one prompt per line; see data/prompt_files.py).
@@ -98,10 +100,7 @@ class EvalConfig:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
         if not self.methods or self.methods[0] != "plain":
             self.methods = ("plain", *[m for m in self.methods if m != "plain"])
-        if self.dtype not in DTYPE_CHOICES:
-            raise DraftsmithError(f"--dtype {self.dtype!r} is not supported; choose one of: "
-                                  f"{', '.join(DTYPE_CHOICES)}")
-        resolve_device(self.device)
+        self.target_spec()  # checked now, the errors naming the flags
         unknown = [name for name in self.bench if name not in PROMPT_SETS]
         if unknown or not (self.bench or self.prompt_files):
             problem = f"unknown prompt set(s) {unknown}" if unknown else "no prompt set"
@@ -121,6 +120,15 @@ class EvalConfig:
             if not Path(folder).is_dir():
                 raise DraftsmithError(f"{flag}: {folder} is a file, not a drafter folder; pass the "
                                       "folder that holds it")
+
+    def target_spec(self) -> TargetSpec:
+        """The target's settings as one checked `TargetSpec` (errors name the eval flags).
+
+        Raises:
+            DraftsmithError: an empty target, an unknown dtype or an unusable device.
+        """
+        return TargetSpec(self.target, self.dtype, self.device, self.trust_remote_code,
+                          where=FLAGS)
 
     def all_drafters(self) -> list[tuple[str, str]]:
         """Every drafter of the run as (label, folder); the unlabelled `drafter` has label ""."""

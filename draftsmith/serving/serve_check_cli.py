@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
+from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.serving import ENGINES
-
-DEFAULT_TARGET = "smollm2-135m-instruct"
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
@@ -20,16 +19,19 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
         require_export_folder,
         run_serve_check,
     )
+    from draftsmith.target import FLAGS, TargetSpec
 
+    # the engine runs the target's GGUF itself: only the name is a setting here
+    target = TargetSpec(name=args.target, device=None, where=FLAGS)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
                                   loop=args.loop, engine=args.engine)
     # before any prompt set is installed: the export, the engine's Python, the target's files
     require_export_folder(Path(args.export_dir))
-    checked = check_targets(args.target, args.target_gguf, args.engine)
+    checked = check_targets(target.name, args.target_gguf, args.engine)
     prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
                              args.limit)
-    run_serve_check(args.export_dir, args.target, prompts, args.out, settings,
+    run_serve_check(args.export_dir, target.name, prompts, args.out, settings,
                     target_gguf=args.target_gguf, checked=checked)
     return 0
 

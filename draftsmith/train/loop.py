@@ -22,7 +22,7 @@ from draftsmith.models.features import cached_features, target_features
 from draftsmith.precision import choose_mixed_precision
 from draftsmith.registry import get_spec
 from draftsmith.train.batching import collate, epoch_order, split_examples
-from draftsmith.train.budget import CALIBRATION_STEPS, StepSchedule, steps_for_budget
+from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
 from draftsmith.train.checkpoint import save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
@@ -136,6 +136,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         print(f"{finished} is already trained by this recipe; delete it or set another "
               "train.output_dir to train again", file=sys.stderr)
         return finished
+    start = time.perf_counter()  # train.max_minutes counts from here to the saved drafter
     accelerator = accelerator or make_accelerator(recipe)
     set_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
@@ -143,10 +144,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     drafter_config = recipe.drafter_config()
 
     if target is None:
-        from draftsmith.target import load_target
-
-        target = load_target(recipe.target.name, dtype=recipe.target.dtype, device="cpu",
-                             trust_remote_code=recipe.target.trust_remote_code).model
+        target = recipe.target.load(device="cpu").model
     target.requires_grad_(False).eval().to(accelerator.device)
     record = run_record(recipe, target, examples, accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
@@ -190,7 +188,14 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         step = progress_state["step"]
         schedule.total = progress_state["total_steps"]
         accelerator.print(f"resuming from {resume} at step {step} of {schedule.total}")
-    planned = cfg.max_minutes is None or progress_state.get("planned", False)
+    # with a budget the total follows the measured pace (`planned`: the total is final); a
+    # resumed run starts from its checkpoint's total, schedule and minutes spent
+    budget = progress_state.get("budget") or {}
+    planner = None if cfg.max_minutes is None or progress_state.get("planned", False) else \
+        BudgetPlanner(cfg.max_minutes * 60, cfg.max_steps, budget.get("spent_seconds", 0.0))
+    plans = budget.get("plans", 0)  # plans made so far (the first one is always taken)
+    if budget.get("anchor"):
+        schedule.anchor = tuple(budget["anchor"])
 
     if cfg.wandb:
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
@@ -199,9 +204,9 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
     micro_done = step * cfg.grad_accum
     progress = _progress_bar(accelerator, schedule.total, step)
-    start = time.perf_counter()
-    first_step_done = None
     step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
+    padded_tokens = 0  # and with padding: what the step computes on (its cost)
+    paused = False  # an evaluation or a checkpoint ran since the last step
     while step < schedule.total:
         epoch = micro_done // micro_per_epoch
         order = epoch_order(len(train_set), cfg.seed, epoch)
@@ -224,6 +229,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                 optimizer.zero_grad()
             micro_done += 1
             step_tokens += int(batch["attention_mask"].sum())
+            padded_tokens += batch["input_ids"].numel()
             if not accelerator.sync_gradients:
                 continue
             step += 1
@@ -237,21 +243,34 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
             log.write(row)
             progress.update(1)
             progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
-            if first_step_done is None:
-                first_step_done = (step, row["seconds"])
-            elif not planned and step - first_step_done[0] >= CALIBRATION_STEPS - 1:
-                schedule.total = _plan_steps(accelerator, cfg, step, row["seconds"],
-                                             first_step_done, log)
-                planned = True
-                progress.total = schedule.total
-                progress.refresh()
+            if planner is not None:
+                revisable = schedule.revisable(step)
+                planner.record(row["seconds"], padded_tokens, paused)
+                final_steps = len(eval_loader) / cfg.grad_accum  # an eval batch costs <= a step
+                if planner.ready() and step < schedule.total and _plan_total(
+                        accelerator, cfg, planner, schedule, step, row["seconds"], final_steps,
+                        plans == 0, log):
+                    plans += 1
+                    progress.total = schedule.total
+                    progress.refresh()
+                if plans and revisable and not schedule.revisable(step):
+                    accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {schedule.total} "
+                                      f"steps from step {step} on ({cfg.schedule}: a new total "
+                                      "would change the learning rate); only a pace that would "
+                                      "miss the budget re-times the rest of the decay")
+            padded_tokens, paused = 0, False
             if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
                 log.write({"step": step, **evaluate(model, eval_loader, accelerator)})
+                paused = True
             if cfg.save_every and step % cfg.save_every == 0 and step < schedule.total:
+                spent = {} if planner is None else {"budget": {
+                    "spent_seconds": planner.spent_before + row["seconds"], "plans": plans,
+                    "anchor": schedule.anchor}}
                 save_state(accelerator, out_dir, step,
-                           {"total_steps": schedule.total, "planned": bool(planned),
+                           {"total_steps": schedule.total, "planned": planner is None, **spent,
                             "scheduler": scheduler_state(scheduler), "run": record},
                            keep=cfg.keep_checkpoints)
+                paused = True
             if step >= schedule.total:
                 break
     progress.close()
@@ -275,20 +294,42 @@ def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
     return path.parent if same else None
 
 
-def _plan_steps(accelerator, cfg, step: int, elapsed: float, first: tuple[int, float], log) -> int:
-    """Fix the run's total steps from the measured seconds per step (same total on every rank)."""
+def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule, step: int,
+                clock: float, final_steps: float, first: bool, log) -> bool:
+    """Plan (first) or revise the run's total from the measured pace, the same total on every
+    rank (rank 0's measurement decides); a change is logged (metrics.jsonl: `planned_steps`,
+    `previous_planned_steps`, `seconds_per_step`, `tokens_per_second`, `retimed`) and printed.
+    Returns whether the total changed."""
     from accelerate.utils import broadcast
 
-    seconds_per_step = (elapsed - first[1]) / (step - first[0])
-    total = steps_for_budget(seconds_per_step, cfg.max_minutes * 60, elapsed, step, cfg.max_steps)
-    total = int(broadcast(torch.tensor([total], device=accelerator.device), from_process=0)[0])
-    log.write({"step": step, "seconds_per_step": seconds_per_step, "planned_steps": total})
-    accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {seconds_per_step:.2f} s/step "
-                      f"measured here, so {total} steps in all (train.max_steps={cfg.max_steps})")
-    if total <= cfg.warmup_steps:
-        accelerator.print(f"warning: {total} steps do not finish the {cfg.warmup_steps}-step "
-                          "warmup; lower train.warmup_steps or raise train.max_minutes")
-    return total
+    measured = torch.tensor([planner.plan(step, clock, final_steps), planner.seconds_per_step()],
+                            dtype=torch.float64, device=accelerator.device)
+    measured = broadcast(measured, from_process=0).tolist()
+    wanted, per_step, rate = int(measured[0]), measured[1], planner.tokens_per_second()
+    total = revised_total(schedule, step, wanted, first, per_step, planner.budget_seconds)
+    if total is None:
+        return False
+    previous, retimed = schedule.total, not schedule.revisable(step)
+    schedule.revise(step, total)
+    row = {"step": step, "seconds_per_step": per_step, "tokens_per_second": rate,
+           "planned_steps": total}
+    pace = f"{per_step:.2f} s/step ({rate or 0:,.0f} padded tokens/s over the last " \
+           f"{len(planner.window)} steps)"
+    if first:
+        accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {pace} measured here, so "
+                          f"{total} steps in all (train.max_steps={cfg.max_steps})")
+        if total <= cfg.warmup_steps:
+            accelerator.print(f"warning: {total} steps do not finish the {cfg.warmup_steps}-step "
+                              "warmup; lower train.warmup_steps or raise train.max_minutes")
+    else:
+        row["previous_planned_steps"] = previous
+        how = ", the rest of the decay re-timed" if retimed else ""
+        if retimed:
+            row["retimed"] = True
+        accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: at step {step}, {pace}: "
+                          f"{previous} -> {total} steps in all{how}")
+    log.write(row)
+    return True
 
 
 def install_draft_vocab(drafter, vocab, target_vocab_size: int) -> None:

@@ -14,29 +14,8 @@ from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml
 from draftsmith.errors import DraftsmithError
 from draftsmith.precision import MIXED_PRECISIONS
 from draftsmith.registry import get_spec
-from draftsmith.target import DTYPE_CHOICES
+from draftsmith.target import TargetSpec
 from draftsmith.train.budget import SCHEDULES
-
-
-@dataclass
-class TargetSection:
-    """The frozen target.
-
-    Attributes:
-        name: offline model name, local folder, .gguf file or Hub id.
-        dtype: dtype the target runs in: `auto` (bf16 on GPUs and on CPUs where a measured probe
-            shows it faster, else float32), `float32`, `bfloat16` or `float16`.
-        trust_remote_code: run model code from the Hub repo (off unless asked).
-    """
-
-    name: str = "smollm2-135m-instruct"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-
-    def __post_init__(self):
-        if self.dtype not in DTYPE_CHOICES:
-            raise DraftsmithError(f"target.dtype={self.dtype!r}: use one of "
-                                  f"{', '.join(DTYPE_CHOICES)}")
 
 
 @dataclass
@@ -49,9 +28,15 @@ class TrainSection:
         batch_size: sequences per process per micro-step.
         grad_accum: micro-steps per optimizer step.
         max_steps: optimizer steps in total (with `max_minutes`, the most it may take).
-        max_minutes: wall-clock budget of the training loop: after the first few steps it measures
-            seconds per step on this machine and sets the run's total steps (and so the LR
-            schedule) to fit, at most max_steps; a resumed run keeps that total. None = steps only.
+        max_minutes: wall-clock budget of the training (from building the drafter to saving
+            it; loading the target and preparing the data are not counted): after its first few
+            steps the loop plans the run's total steps (and so the LR schedule) from the pace
+            measured here, at most max_steps, and revises it after every step from the padded
+            tokens per second of the last 16 steps, while the schedule can take a new total
+            (constant: always; wsd: until its decay starts; cosine: in the first half of the
+            run); each revision is a metrics.jsonl row and a printed line. A resumed run starts
+            from the total its checkpoint recorded and counts the minutes spent before it.
+            None = steps only.
         warmup_steps: linear warmup before the schedule.
         schedule: `wsd` (warmup-stable-decay: peak rate until the last `decay_fraction` of the
             steps, then linear to zero; the default: at 80 EAGLE-3 steps it beat cosine, simulated
@@ -135,9 +120,10 @@ class TrainSection:
 @dataclass
 class Recipe:
     """A whole recipe. `drafter` holds `kind` plus that kind's config fields; `data` is passed to
-    the data pipeline."""
+    the data pipeline. The target has no `device` key: each process loads it on its own device,
+    as accelerate chose it."""
 
-    target: TargetSection = field(default_factory=TargetSection)
+    target: TargetSpec = field(default_factory=lambda: TargetSpec(device=None))
     drafter: dict = field(default_factory=lambda: {"kind": "eagle3"})
     data: dict = field(default_factory=dict)
     train: TrainSection = field(default_factory=TrainSection)
@@ -152,10 +138,10 @@ class Recipe:
         return spec.make_config({k: v for k, v in self.drafter.items() if k != "kind"})
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-
-SECTIONS = {"target": TargetSection, "train": TrainSection}
+        """The recipe's settings as plain values (what checkpoints and the drafter record)."""
+        values = asdict(self)
+        del values["target"]["device"]  # not a setting of a training recipe
+        return values
 
 
 def build_recipe(raw: dict) -> Recipe:
@@ -165,14 +151,13 @@ def build_recipe(raw: dict) -> Recipe:
     if unknown:
         raise DraftsmithError(f"unknown recipe section(s) {unknown}; valid: data, drafter, "
                               "target, train")
-    built = {}
-    for name, cls in SECTIONS.items():
-        built[name] = build_dataclass(cls, raw.get(name) or {}, name)
+    target = build_dataclass(TargetSpec, raw.get("target") or {}, "target", device=None)
+    train = build_dataclass(TrainSection, raw.get("train") or {}, "train")
     drafter = dict(raw.get("drafter") or {})
     if "kind" not in drafter:
         raise DraftsmithError("recipe section 'drafter' needs a 'kind' (see draftsmith/registry.py)")
-    recipe = Recipe(target=built["target"], drafter=drafter, data=dict(raw.get("data") or {}),
-                    train=built["train"])
+    recipe = Recipe(target=target, drafter=drafter, data=dict(raw.get("data") or {}),
+                    train=train)
     recipe.drafter_config()  # validates kind and settings now, before any model is loaded
     return recipe
 
@@ -197,5 +182,5 @@ def recipe_schema(values: dict) -> dict:
     drafter = values.get("drafter")
     kind = drafter.get("kind") if isinstance(drafter, dict) else None
     spec = DRAFTERS.get(kind) if isinstance(kind, str) else None
-    return {"target": TargetSection, "train": TrainSection, "data": DataConfig,
+    return {"target": TargetSpec, "train": TrainSection, "data": DataConfig,
             "drafter": spec.config_cls if spec else None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
@@ -79,11 +80,10 @@ def read_draft_vocab(path: Path, vocab_size: int):
 
 def data_recipe(recipe: Recipe):
     """The data pipeline's recipe for a training recipe (same target, its `data:` section)."""
-    from draftsmith.data.config import DataConfig, DataRecipe, TargetConfig
+    from draftsmith.data.config import DataConfig, DataRecipe
     from draftsmith.registry import get_spec
 
-    target = TargetConfig(name=recipe.target.name, dtype=recipe.target.dtype,
-                          trust_remote_code=recipe.target.trust_remote_code)
+    target = replace(recipe.target, device="cpu")  # a data recipe's default; train loads it
     data = dict(recipe.data)
     custom = get_spec(recipe.kind).custom_aux_layers(recipe.drafter_config())
     if custom and isinstance(data.get("cache"), dict):  # the cache must hold what this drafter reads
@@ -170,7 +170,6 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     """Load and validate the recipe, build the data, train; returns the final drafter folder."""
     import torch.distributed as dist
 
-    from draftsmith.target import load_target
     from draftsmith.train.loop import make_accelerator, run_training
 
     recipe = load_recipe(path, overrides)
@@ -180,9 +179,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     try:
         # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
         # and regeneration and caching inside `train` compute there too
-        target = load_target(recipe.target.name, dtype=recipe.target.dtype,
-                             device=str(accelerator.device),
-                             trust_remote_code=recipe.target.trust_remote_code)
+        target = recipe.target.load(device=str(accelerator.device))
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,

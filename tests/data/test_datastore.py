@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from draftsmith.data.config import DataConfig, DataRecipe, DatastoreConfig, TargetConfig
+from draftsmith.data.config import DataConfig, DataRecipe, DatastoreConfig
 from draftsmith.data.datastore import load_datastore
 from draftsmith.data.pipeline import run_data_recipe
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import build_eval_config
 from draftsmith.eval.evaluate import run_eval
+from draftsmith.target import TargetSpec
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
 
@@ -32,7 +33,7 @@ def workspace(tmp_path_factory):
 def _run(workspace, out: str, datastore: dict):
     data = DataConfig(source=str(workspace / "chats.jsonl"), out_dir=str(workspace / out),
                       regenerate=None, max_length=200, datastore=datastore)
-    recipe = DataRecipe(TargetConfig(name=str(workspace / "tiny"), dtype="float32"), data)
+    recipe = DataRecipe(TargetSpec(name=str(workspace / "tiny"), dtype="float32"), data)
     return run_data_recipe(recipe, progress=False, log=lambda message: None)
 
 

@@ -109,6 +109,20 @@ def test_time_budget_stops_at_the_same_shard_and_keeps_the_rest(target, tmp_path
     assert run(target, tmp_path, settings).shards_written == 0
 
 
+def test_time_budget_ends_within_half_a_shard_of_it(target, tmp_path, monkeypatch):
+    """data.regenerate.max_minutes=1.6 (96 s) with 30 s shards: the fourth shard would end at
+    120 s, 24 s past the budget, more than half of itself, so the run ends after three, at 90 s
+    (within 10% of the budget; stopping only once the budget was spent ended at 120 s)."""
+    import draftsmith.data.regenerate as regenerate_module
+
+    clock = iter(range(0, 100_000, 30))  # each reading 30 s later: a shard takes 30 s
+    monkeypatch.setattr(regenerate_module.time, "perf_counter", lambda: next(clock))
+    settings = RegenerateConfig(max_new_tokens=4, batch_size=4, shard_size=2, max_minutes=1.6)
+    report = run(target, tmp_path, settings)
+    assert report.budget_reached and report.shards_written == 3 and report.seconds == 90
+    assert abs(report.seconds - 96) <= 0.1 * 96
+
+
 def test_each_skipped_conversation_is_counted_once_by_its_reason():
     from draftsmith.data.regenerate import regenerate_shard
     from draftsmith.data.server_client import Reply

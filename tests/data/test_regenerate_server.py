@@ -140,8 +140,9 @@ def test_killed_server_then_resume_loses_nothing(target, tmp_path):
 
 
 def test_recipe_with_a_local_server_resumes_without_starting_one(tmp_path):
-    from draftsmith.data.config import DataConfig, DataRecipe, TargetConfig
+    from draftsmith.data.config import DataConfig, DataRecipe
     from draftsmith.data.pipeline import run_data_recipe
+    from draftsmith.target import TargetSpec
 
     rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"Count to {i + 2}."},
                                               {"from": "gpt", "value": "Original."}]}
@@ -149,7 +150,7 @@ def test_recipe_with_a_local_server_resumes_without_starting_one(tmp_path):
     (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = DataConfig(source=str(tmp_path / "chats.jsonl"), out_dir=str(tmp_path / "data"),
                       max_length=256, regenerate=settings(base_url="local", concurrency=2))
-    recipe = DataRecipe(TargetConfig(name=require_offline_model(NAME), dtype="float32"), data)
+    recipe = DataRecipe(TargetSpec(name=require_offline_model(NAME), dtype="float32"), data)
     first_log, again_log = [], []
     first = run_data_recipe(recipe, progress=False, log=first_log.append)
     assert first["regeneration"]["complete"] and first["regeneration"]["conversations"] == 3

@@ -158,6 +158,88 @@ def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypat
     assert 5 <= slow[0] <= 7 and 20 <= fast[0] <= 25  # 12 s at 2 or 0.5 s/step
 
 
+@pytest.mark.slow
+def test_max_minutes_holds_when_steps_get_slower_mid_run(tmp_path, monkeypatch):
+    """A real run of 0.15 min (9 s) whose steps triple in cost after the first 15 (a sleep in the
+    loss module's forward: 0.04 s, then 0.12 s): the total planned at the early pace (well over
+    100 steps) is revised down as the slower pace is measured, every revision logged, and the
+    run, final evaluation included, ends within 10% of its budget."""
+    import time
+
+    import draftsmith.train.loop as loop
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
+    forward, calls = loop.LossModule.forward, []
+
+    def slower_after_15(self, batch):
+        calls.append(len(calls))
+        time.sleep(0.04 if len(calls) <= 15 else 0.12)
+        return forward(self, batch)
+
+    monkeypatch.setattr(loop.LossModule, "forward", slower_after_15)
+    recipe = recipe_for("eagle1", tmp_path, max_steps=1000, max_minutes=0.15, warmup_steps=2)
+    target = tiny_target("llama")
+    start = time.perf_counter()
+    run_training(recipe, examples(), target=target)
+    seconds = time.perf_counter() - start
+    assert abs(seconds - 9.0) <= 0.9, f"{seconds:.2f} s for a 9 s budget"
+    rows = [json.loads(line) for line in (tmp_path / "eagle1" / "metrics.jsonl").open()]
+    plans = [r for r in rows if "planned_steps" in r]
+    revisions = [r for r in plans[1:] if "previous_planned_steps" in r]
+    assert len(revisions) == len(plans) - 1 and revisions
+    assert all(r["seconds_per_step"] > 0 and r["tokens_per_second"] > 0 for r in plans)
+    assert plans[-1]["planned_steps"] < max(r["planned_steps"] for r in plans)
+    assert max(r["step"] for r in rows) == plans[-1]["planned_steps"]
+
+
+def test_a_resumed_budget_run_keeps_its_total_and_its_spent_minutes(tmp_path, monkeypatch):
+    """Killed at step 12 of a 0.2-minute run (faked clock, 0.5 s a step), the run resumes from
+    its step-10 checkpoint with the total planned then and the 5 s spent before, so it plans no
+    other total (restarting the budget would have asked for ~30 steps) and ends with the same
+    weights as the run that was never killed."""
+    import draftsmith.train.loop as loop
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
+    target, data = tiny_target("qwen2"), examples()
+
+    def run(folder):
+        reset_accelerate()
+        clock = iter(range(10_000))  # the loop reads the clock once per step
+        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * 0.5)
+        recipe = recipe_for("eagle1", folder, max_steps=40, max_minutes=0.2, save_every=5)
+        return run_training(recipe, data, target=target)
+
+    def plans(folder):
+        rows = [json.loads(line) for line in (folder / "eagle1" / "metrics.jsonl").open()]
+        return [r["planned_steps"] for r in rows if "planned_steps" in r], rows[-1]["step"]
+
+    straight = run(tmp_path / "a")
+    (total,), last = plans(tmp_path / "a")
+    assert last == total
+    original = metrics_module.MetricsLog.write
+
+    def crash_at_step_12(self, row):
+        if row.get("step") == 12 and "loss" in row:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, row)
+
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b")
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    progress = json.loads((tmp_path / "b" / "eagle1" / "checkpoints" / "step_10"
+                           / "progress.json").read_text())
+    assert progress["total_steps"] == total and progress["planned"] is False
+    assert progress["budget"] == {"spent_seconds": 5.0, "plans": 1, "anchor": None}
+    resumed = run(tmp_path / "b")
+    assert plans(tmp_path / "b") == ([total], total)
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
 def test_steps_for_budget_arithmetic():
     from draftsmith.train.budget import steps_for_budget
 
