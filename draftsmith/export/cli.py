@@ -7,10 +7,6 @@ import argparse
 
 from draftsmith.errors import DraftsmithError
 
-# The `--format` choices: formats.FORMATS (tested) plus `gguf` (export/gguf_export.py, a file
-# for llama.cpp), without importing torch here.
-FORMAT_NAMES = ("eagle3", "speculators", "eagle", "medusa", "mtp", "gguf")
-
 
 def load_target_config(spec: str, trust_remote_code: bool = False):
     """Only the config of a target spec (offline name, folder, .gguf or Hub id): no weights."""
@@ -58,6 +54,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     options = ExportOptions(base_model=args.base_model, dtype=args.dtype,
                             skip_frozen=args.skip_frozen,
                             allow_base_model_mismatch=args.allow_base_model_mismatch)
+    from draftsmith.export.formats import FORMATS
+
+    if args.format not in (*FORMATS, "gguf"):  # gguf: export/gguf_export.py, one file
+        raise DraftsmithError(f"--format {args.format!r} is not an export format; choose one of: "
+                              f"{', '.join((*FORMATS, 'gguf'))}")
     if args.target_dir and args.format != "gguf":
         raise DraftsmithError("--target-dir is for --format gguf (llama.cpp's converter reads the "
                               "target's folder); drop it")
@@ -86,7 +87,7 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
         "the card).")
     parser.add_argument("checkpoint", nargs="?", metavar="CKPT",
                         help="drafter folder written by `draftsmith train` (OUTPUT_DIR/drafter)")
-    parser.add_argument("--format", choices=FORMAT_NAMES, help="checkpoint layout to write")
+    parser.add_argument("--format", help="checkpoint layout to write (see above)")
     parser.add_argument("--out", help="export folder to create")
     parser.add_argument("--eval-json", help="eval.json of `draftsmith eval --drafter CKPT`: its "
                         "measured results go into the model card")

@@ -11,7 +11,6 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import FORMATS, export_drafter, load_exported, read_exported
-from draftsmith.export.cli import FORMAT_NAMES
 from tests.helpers.export_helpers import make_checkpoint
 
 H, V, N = 32, 128, 4  # tiny target: hidden, vocab, layers (4 heads, 2 KV heads, head_dim 8)
@@ -163,5 +162,10 @@ def test_format_detection_needs_a_known_layout(tmp_path):
         read_exported(tmp_path)
 
 
-def test_cli_format_choices_match_the_registry():
-    assert set(FORMAT_NAMES) == {*FORMATS, "gguf"}  # gguf: export/gguf_export.py, a file
+def test_cli_format_is_checked_against_the_registry(tmp_path):
+    """`--format` takes what FORMATS registers (and gguf): a new format needs no CLI edit."""
+    from tests.helpers.cli import assert_refused, run_cli
+
+    result = run_cli(["export", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "o")])
+    assert_refused(result, "--format 'onnx' is not an export format; choose one of: "
+                   f"{', '.join(FORMATS)}, gguf")
