@@ -16,8 +16,6 @@ from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.serve_check_run import check_targets
 from tests.helpers.cli import assert_refused, run_cli
-from tests.helpers.tiny_targets import tiny_target
-from tests.helpers.tiny_tokenizers import char_tokenizer
 from tests.serving.fake_targets import fetched_offline_model, write_tiny_gguf
 
 
@@ -35,13 +33,6 @@ def no_engine_pythons(monkeypatch):
         monkeypatch.delenv(variable, raising=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """A transformers folder of a tiny Llama (hidden 32, 4 layers, vocab 128) with a tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-target")
-    tiny_target("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from draftsmith.train.recipe import build_recipe
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.drafters import small_settings
 from tests.helpers.tiny_targets import tiny_target
-from tests.helpers.tiny_tokenizers import char_tokenizer
 from tests.train.test_loop import examples
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -35,28 +34,22 @@ def test_the_loop_refuses_a_reduced_draft_vocabulary_it_is_not_given(tmp_path):
     assert not (tmp_path / "run").exists(), "stopped before anything was written"
 
 
-@pytest.fixture(scope="module")
-def target_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-target")
-    tiny_target("llama").save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
-def write_recipe(tmp_path, target_folder, data: dict) -> str:
+def write_recipe(tmp_path, tiny_folder, data: dict) -> str:
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump({
-        "target": {"name": str(target_folder), "dtype": "float32"},
+        "target": {"name": str(tiny_folder), "dtype": "float32"},
         "drafter": {"kind": "eagle3", **small_settings("eagle3")}, "data": data,
         "train": {"output_dir": str(tmp_path / "run"), "batch_size": 4, "max_steps": 2,
                   "warmup_steps": 0}}))
     return str(path)
 
 
-def test_pre_tokenized_data_without_a_vocabulary_is_refused(tmp_path, target_folder):
+def test_pre_tokenized_data_without_a_vocabulary_is_refused(tmp_path, tiny_folder):
     (tmp_path / "tokenized.jsonl").write_text("".join(
         json.dumps(row) + "\n" for row in examples()))
-    recipe = write_recipe(tmp_path, target_folder, {"tokenized": str(tmp_path / "tokenized.jsonl")})
+    recipe = write_recipe(tmp_path, tiny_folder, {"tokenized": str(tmp_path / "tokenized.jsonl")})
     result = run_cli(["train", "--config", recipe])
     assert_refused(result, "pre-tokenized data (data.tokenized) carries none",
                    "`draftsmith data run --config DATA_RECIPE`", "drafter.draft_vocab_size: 128")
@@ -70,11 +63,11 @@ def test_pre_tokenized_data_without_a_vocabulary_is_refused(tmp_path, target_fol
                                 f"drafter.draft_vocab_size={DRAFT}"]),
 ], ids=["missing", "other-size"])
 def test_a_data_section_without_the_vocabulary_is_refused_before_the_pipeline_runs(
-        tmp_path, target_folder, vocab, phrases):
+        tmp_path, tiny_folder, vocab, phrases):
     (tmp_path / "chats.jsonl").write_text(json.dumps({"conversations": [
         {"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]}) + "\n")
     data_dir = tmp_path / "data"
-    recipe = write_recipe(tmp_path, target_folder, {
+    recipe = write_recipe(tmp_path, tiny_folder, {
         "source": str(tmp_path / "chats.jsonl"), "out_dir": str(data_dir), "regenerate": None,
         **vocab})
     assert_refused(run_cli(["train", "--config", recipe]), *phrases)
