@@ -3,8 +3,9 @@
 A training-state checkpoint `checkpoints/step_N/` holds the model and optimizer (written by
 accelerate: safetensors, and a torch file that is only ever read back as tensors), each process's
 random generator states (safetensors) and `progress.json`: the step, the run's total steps, the
-scheduler's position and the run's record (settings, target and data fingerprints; see
-`resume.py`). It is written to `step_N.partial/`, `progress.json` last, and renamed, so a crash
+scheduler's position, the wall-clock budget's state (`budget`: seconds spent and the planner's
+revisions, so a resumed `train.max_minutes` run keeps its total) and the run's record (settings,
+target and data fingerprints; see `resume.py`). It is written to `step_N.partial/`, `progress.json` last, and renamed, so a crash
 never leaves a checkpoint that looks complete but is not; older checkpoints beyond
 `train.keep_checkpoints` are deleted only after a newer one is complete.
 """
