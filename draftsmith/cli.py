@@ -10,7 +10,7 @@ from pathlib import Path
 
 from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import add_target_arguments
+from draftsmith.target_args import add_target_arguments
 
 
 def cmd_models(args: argparse.Namespace) -> int:

