@@ -21,6 +21,8 @@ from torch import nn
 from draftsmith.config_values import build_dataclass
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.contracts import DrafterModule
+from draftsmith.models.dflash import DFlashConfig, DFlashDrafter, dflash_layer_ids, dflash_loss
+from draftsmith.models.dspark import DSparkConfig, DSparkDrafter, dspark_loss
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
 from draftsmith.models.features import Features, hidden_indices
@@ -43,7 +45,8 @@ class DrafterSpec:
         loss: (module, Features) -> (loss, metrics with `acc_{k}` per draft position).
         proposer: the decoding family its proposer is built by (`register_family` in
             `decoding/proposers/`): `feature` (autoregressive on features: EAGLE), `heads`
-            (parallel heads: Medusa) or `modules` (chained MTP).
+            (parallel heads: Medusa), `modules` (chained MTP) or `block` (one forward per
+            block: DFlash, DSpark).
         tree_shapes: the tree shapes it decodes with (`chain`, `static`, `dynamic`), default first.
         frozen_prefixes: parameter-name prefixes that are frozen copies of the target's tensors
             (not trained, may be left out of a saved drafter and taken from the target).
@@ -156,6 +159,39 @@ DRAFTERS: dict[str, DrafterSpec] = {
             proposer="modules",
             tree_shapes=("chain",),
             frozen_prefixes=("embed_tokens.", "lm_head."),
+        ),
+        DrafterSpec(
+            kind="dflash",
+            title="DFlash",
+            description="DFlash block drafter: one forward proposes a block from fused features",
+            config_cls=DFlashConfig,
+            build=DFlashDrafter,
+            aux_layers=lambda n, cfg: cfg.target_layer_ids or dflash_layer_ids(n, cfg.num_layers),
+            loss=dflash_loss,
+            proposer="block",
+            tree_shapes=("chain", "dynamic"),
+            frozen_prefixes=("embed_tokens.", "lm_head."),
+            custom_aux_layers=lambda cfg: list(cfg.target_layer_ids) if cfg.target_layer_ids
+            else None,
+            reads_aux_layers=True,
+            engine_methods={"vllm": "dflash", "sglang": "DFLASH", "llama.cpp": "draft-dflash"},
+        ),
+        DrafterSpec(
+            kind="dspark",
+            title="DSpark",
+            description="DSpark block drafter: DFlash with shifted labels, Markov and confidence "
+                        "heads",
+            config_cls=DSparkConfig,
+            build=DSparkDrafter,
+            aux_layers=lambda n, cfg: cfg.target_layer_ids or dflash_layer_ids(n, cfg.num_layers),
+            loss=dspark_loss,
+            proposer="block",
+            tree_shapes=("chain", "dynamic"),
+            frozen_prefixes=("embed_tokens.", "lm_head."),
+            custom_aux_layers=lambda cfg: list(cfg.target_layer_ids) if cfg.target_layer_ids
+            else None,
+            reads_aux_layers=True,
+            engine_methods={"vllm": "dspark"},
         ),
     )
 }

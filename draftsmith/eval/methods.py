@@ -37,7 +37,7 @@ OUR_METHODS = {
     "drafter": "trained drafter with its kind's default tree (needs --drafter)",
     "drafter_chain": "trained drafter, chain of top-1 drafts",
     "drafter_static": "trained drafter, static tree (Medusa / EAGLE-1)",
-    "drafter_dynamic": "trained feature drafter, dynamic tree (EAGLE-2 / EAGLE-3)",
+    "drafter_dynamic": "trained drafter, dynamic tree (EAGLE-2 / EAGLE-3; DDTree for DFlash)",
     "drafter_lookup": "trained drafter with its kind's default tree, prompt lookup's chain instead "
                       "on a match of >= --hybrid-min-ngram tokens",
 }
@@ -153,7 +153,8 @@ def decodes_chains(method: str, kind: str | None = None) -> bool:
     return base in CHAIN_METHODS
 
 
-def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> Proposer:
+def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
+                          sampling: SamplingConfig | None = None) -> Proposer:
     """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape.
 
     Raises:
@@ -165,7 +166,7 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings) -> P
         methods = " or ".join(f"drafter_{s}" for s in spec.tree_shapes)
         raise DraftsmithError(f"{spec.title} drafters decode with {', '.join(spec.tree_shapes)} "
                               f"trees, not {shape}: use drafter or {methods}")
-    tree = TreeSettings(shape, settings.num_draft_tokens, settings.tree)
+    tree = TreeSettings(shape, settings.num_draft_tokens, settings.tree, sampling=sampling)
     return drafter_family(spec.proposer)(drafter.module, tree, f"{drafter.kind}_{shape}")
 
 
@@ -174,12 +175,12 @@ def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingCon
     """A fresh proposer for one of draftsmith's own methods."""
     base, _ = split_method(method)
     if base == "drafter_lookup":
-        inner = make_drafter_proposer(base, drafter, settings)
+        inner = make_drafter_proposer(base, drafter, settings, sampling)
         lookup = PromptLookupProposer(settings.lookup_tokens, settings.lookup_max_ngram)
         return LookupHybridProposer(inner, lookup, settings.hybrid_min_ngram,
                                     f"{inner.name}+lookup")
     if base in NEEDS_DRAFTER:
-        return make_drafter_proposer(base, drafter, settings)
+        return make_drafter_proposer(base, drafter, settings, sampling)
     if method == "plain":
         return NoDraftProposer()
     if method == "prompt_lookup":

@@ -141,6 +141,20 @@ class Features:
         """
         return self._trained_rows[1][self._rows_after(valid, shift)]
 
+    def logits_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Target logits (m, V) after positions (batch_index[i], positions[i]) (block drafters'
+        labels at arbitrary offsets); each position's next token must be trained.
+
+        Raises:
+            ValueError: a requested position's next token is not trained (a loss bug).
+        """
+        _, row_of = self._needed
+        index = row_of[batch_index, positions]
+        if bool((index < 0).any()):
+            raise ValueError("target logits requested at a position whose next token is not "
+                             "trained")
+        return self._trained_rows[1][index]
+
     __call__ = logits_after  # the features are themselves a TargetLogits (with `.restricted`)
 
     def restricted(self, columns: torch.Tensor):

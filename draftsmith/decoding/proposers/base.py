@@ -19,6 +19,7 @@ from torch import nn
 
 from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import ForwardOutput
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.decoding.tree import Tree, root_only_tree
 from draftsmith.errors import DraftsmithError
 
@@ -68,12 +69,19 @@ class TreeSettings:
     Attributes:
         shape: `chain`, `static` or `dynamic` (one of the kind's `tree_shapes`).
         chain_length: drafts in a chain.
-        dynamic: EAGLE-2 expansion settings of a dynamic tree.
+        dynamic: EAGLE-2 expansion settings of a dynamic tree (a block drafter's best-first tree
+            takes its `total_tokens` and `topk`).
+        block_length: proposals a block drafter's step uses (its chain, its tree's depth); None =
+            the whole block.
+        sampling: the run's sampling settings, for families that sample their drafts (block
+            drafters' chains); None = greedy.
     """
 
     shape: str
     chain_length: int = 4
     dynamic: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
+    block_length: int | None = None
+    sampling: SamplingConfig | None = None
 
 
 # (drafter module, tree settings, method name) -> its proposer

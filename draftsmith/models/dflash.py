@@ -1,0 +1,347 @@
+"""DFlash: a block drafter. Fused features of k target layers (`hidden_norm(fc(cat(...)))`) become
+the keys and values of N Qwen3-style layers (models/block_layers.py) whose queries are one block
+`[anchor, MASK x (B-1)]`; one forward proposes the B-1 tokens after the anchor ("same-position"
+labels: block row k predicts the token at anchor + k). The block's embeddings and the output head
+are the target's, frozen.
+
+Training draws anchors per sequence, runs every block at once under the block mask (each block
+sees the context before its anchor and its own rows) and learns the target's distribution at every
+row, weighted by position (decay or D-PACE). See ../shared/REFERENCE.md section 7.1; weight names
+are the native checkpoint's (`fc`, `hidden_norm`, `layers.*`, `norm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.block_layers import KV, BlockDecoderLayer
+from draftsmith.models.layers import Rotary, drafter_layer_config
+
+LOSSES = ("kl", "ce")
+POSITION_WEIGHTS = ("decay", "dpace", "uniform")
+
+
+def dflash_layer_ids(num_layers: int, count: int) -> list[int]:
+    """0-based target layer outputs a block drafter fuses by default.
+
+    The reference rule (`build_target_layer_ids`): [N//2] for one layer, otherwise
+    round(1 + i*(N-4)/(count-1)), e.g. [1, 8, 14, 20, 27] for N=30 and 5 layers. Where that rule
+    repeats a layer or reaches the last one (whose stored output is after the final norm, so no
+    engine captures it as a layer output) -- shallow targets -- the layers are spread evenly over
+    0..N-2 instead, deduplicated.
+
+    Raises:
+        DraftsmithError: a target with fewer than 2 layers.
+    """
+    if num_layers < 2:
+        raise DraftsmithError(f"a block drafter fuses target layers before the last one, but the "
+                              f"target has num_hidden_layers={num_layers}; use a deeper target")
+    if count == 1:
+        return [num_layers // 2]
+    ids = [round(1 + i * (num_layers - 4) / (count - 1)) for i in range(count)]
+    if ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= num_layers - 1:
+        top = num_layers - 2
+        ids = sorted({round(i * top / (count - 1)) for i in range(count)})
+    return ids
+
+
+def check_block_layer_ids(ids: list[int], num_layers: int) -> None:
+    """Fused layer ids must be strictly increasing layer outputs before the last layer.
+
+    Raises:
+        DraftsmithError: naming `drafter.target_layer_ids`, the ids and the valid range.
+    """
+    if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > num_layers - 2:
+        raise DraftsmithError(
+            f"drafter.target_layer_ids {list(ids)} must be strictly increasing 0-based layer "
+            f"outputs in 0..{num_layers - 2} (the target has num_hidden_layers={num_layers}; the "
+            "last layer's output is stored after the final norm and no engine captures it); "
+            "leave it unset for the default")
+
+
+def default_gamma(block_size: int) -> float:
+    """Position-decay gamma by block size: 7 for B=16, 5 for B=10, 4 for B=8 (DFlash paper Eq. 4
+    as Model Optimizer cites it), B/2 in between and below, 7 above."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, 7.0 if block_size > 16 else block_size / 2)
+
+
+@dataclass
+class DFlashConfig:
+    """DFlash settings.
+
+    Attributes:
+        block_size: B, tokens per block: the anchor and B-1 proposals (reference 16).
+        num_layers: draft decoder layers (reference 5).
+        target_layer_ids: 0-based target layer outputs to fuse; None = `dflash_layer_ids(N,
+            num_layers)`.
+        mask_token_id: the token whose (frozen) embedding fills the block after the anchor; None =
+            the target config's `mask_token_id`, else its pad, else its eos token. Pick a token the
+            data never holds where the tokenizer has one (recipes name it).
+        anchors_per_sequence: blocks drawn per training sequence (reference 512; capped by the
+            valid positions).
+        loss: `kl` (the target's distribution, soft cross-entropy) or `ce` (the target's argmax).
+        position_weights: `decay` (exp(-(k-1)/gamma) for proposal k), `dpace` (D-PACE: expected
+            continuation of acceptance, detached) or `uniform`.
+        decay_gamma: gamma of `decay`; None = `default_gamma(block_size)`.
+    """
+
+    block_size: int = 16
+    num_layers: int = 5
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    anchors_per_sequence: int = 512
+    loss: str = "kl"
+    position_weights: str = "decay"
+    decay_gamma: float | None = None
+
+    def __post_init__(self):
+        if self.block_size < 2:
+            raise ValueError(f"block_size={self.block_size} must be >= 2 (the anchor and at "
+                             "least one proposal)")
+        for name in ("num_layers", "anchors_per_sequence"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r}; choose one of: {', '.join(LOSSES)}")
+        if self.position_weights not in POSITION_WEIGHTS:
+            raise ValueError(f"position_weights={self.position_weights!r}; choose one of: "
+                             f"{', '.join(POSITION_WEIGHTS)}")
+        if self.decay_gamma is not None and self.decay_gamma <= 0:
+            raise ValueError(f"decay_gamma={self.decay_gamma} must be > 0")
+
+
+def resolve_mask_token(target_config, chosen: int | None) -> int:
+    """The mask token id: `chosen`, else the target config's mask, pad or eos token.
+
+    Raises:
+        DraftsmithError: an id outside the vocabulary, or none to fall back on.
+    """
+    vocab = target_config.vocab_size
+    candidates = [chosen] if chosen is not None else [
+        getattr(target_config, name, None)
+        for name in ("mask_token_id", "pad_token_id", "eos_token_id")]
+    for value in candidates:
+        value = value[0] if isinstance(value, list | tuple) and value else value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not 0 <= value < vocab:
+                raise DraftsmithError(f"drafter.mask_token_id {value} is outside the target's "
+                                      f"vocabulary 0..{vocab - 1}")
+            return value
+    raise DraftsmithError("the target config names no mask, pad or eos token: set "
+                          "drafter.mask_token_id to a token the data never holds")
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash drafter for a given target config.
+
+    Frozen copies of the target: `embed_tokens`, `lm_head`. Trained: `fc`, `hidden_norm`,
+    `layers`, `norm`. `label_shift` is 0: block row k (k >= 1) predicts the token at anchor + k,
+    so a block proposes B-1 tokens (DSpark shifts it by one).
+    """
+
+    label_shift = 0
+
+    def __init__(self, target_config, config: DFlashConfig):
+        super().__init__()
+        num_layers = target_config.num_hidden_layers
+        ids = list(config.target_layer_ids or dflash_layer_ids(num_layers, config.num_layers))
+        check_block_layer_ids(ids, num_layers)
+        self.config = replace(config, target_layer_ids=ids,
+                              mask_token_id=resolve_mask_token(target_config, config.mask_token_id))
+        layer_config = drafter_layer_config(target_config)
+        hidden, vocab = layer_config.hidden_size, target_config.vocab_size
+        self.layer_config = layer_config
+        self.target_layer_ids = ids
+        self.block_size = config.block_size
+        self.mask_token_id = self.config.mask_token_id
+        self.embed_tokens = nn.Embedding(vocab, hidden).requires_grad_(False)
+        self.fc = nn.Linear(len(ids) * hidden, hidden, bias=False)
+        self.hidden_norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
+        self.layers = nn.ModuleList(BlockDecoderLayer(layer_config)
+                                    for _ in range(config.num_layers))
+        self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+        self.rotary = Rotary(layer_config)
+
+    @property
+    def proposals(self) -> int:
+        """Tokens one block proposes: B-1 (DFlash) or B (DSpark)."""
+        return self.block_size - 1 + self.label_shift
+
+    def init_from_target(self, target: nn.Module) -> None:
+        """Copy the frozen embedding and output head."""
+        self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
+        self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
+
+    def fuse(self, aux_hidden: list[torch.Tensor]) -> torch.Tensor:
+        """hidden_norm(fc(cat(layer outputs))): the context features. (..., H)"""
+        return self.hidden_norm(self.fc(torch.cat(aux_hidden, dim=-1).to(self.fc.weight.dtype)))
+
+    def target_feature(self, last_hidden: torch.Tensor, hidden_states, index) -> torch.Tensor:
+        """Fused context features of target positions `index` from a forward's hidden states."""
+        return self.fuse([hidden_states[layer + 1][index] for layer in self.target_layer_ids])
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        """Every layer's keys and values of fused features (m, H) at `positions` (m,)."""
+        cos, sin = self.rotary(context[None], positions[None])
+        return [layer.context_kv(context[None], cos, sin) for layer in self.layers]
+
+    def block_tokens(self, anchors: torch.Tensor) -> torch.Tensor:
+        """[anchor, MASK x (B-1)] per anchor: (...,) -> (..., B)."""
+        tokens = anchors[..., None].repeat_interleave(self.block_size, dim=-1)
+        tokens[..., 1:] = self.mask_token_id
+        return tokens
+
+    def draft_block(self, anchor: torch.Tensor, start: int, context: list[KV]) -> torch.Tensor:
+        """One block at decode time: the anchor token (a 0-d tensor) at position `start`, after
+        the cached context keys and values -> the proposals' hidden states (proposals, H)."""
+        device = self.fc.weight.device
+        h = self.embed_tokens(self.block_tokens(anchor.reshape(1)))  # (1, B, H)
+        h = h.to(self.fc.weight.dtype)
+        positions = torch.arange(start, start + self.block_size, device=device)[None]
+        cos, sin = self.rotary(h, positions)
+        for layer, kv in zip(self.layers, context, strict=True):
+            h = layer.decode_block(h, cos, sin, kv)
+        return self.norm(h[0, 1 - self.label_shift:])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Proposal logits over the target vocabulary from `draft_block`'s hidden states."""
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    def train_hidden(self, features, anchors: torch.Tensor) -> torch.Tensor:
+        """Every block's normed hidden states at training time: anchors (Bt, N) sorted ->
+        (Bt, N, B, H)."""
+        context = self.fuse(features.aux_hidden)  # (Bt, S, H)
+        bt, s = context.shape[:2]
+        device = context.device
+        positions = torch.arange(s, device=device).expand(bt, s)
+        cos, sin = self.rotary(context, positions)
+        tokens = self.block_tokens(features.input_ids.gather(1, anchors))  # (Bt, N, B)
+        h = self.embed_tokens(tokens.flatten(1)).to(context.dtype)  # (Bt, N*B, H)
+        block_positions = (anchors[..., None] + torch.arange(self.block_size, device=device))
+        block_cos, block_sin = self.rotary(h, block_positions.flatten(1))
+        for layer in self.layers:
+            kv = layer.context_kv(context, cos, sin)
+            h = layer.train_blocks(h, block_cos, block_sin, kv, anchors, self.block_size,
+                                   recompute=torch.is_grad_enabled())
+        return self.norm(h).view(bt, anchors.shape[1], self.block_size, -1)
+
+
+def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `count` anchors per sequence, uniformly without replacement among positions i whose
+    token and next token are both trained (`loss_mask[i] & loss_mask[i+1]`, as SpecForge and
+    DeepSpec), sorted.
+
+    Returns:
+        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row);
+        a row with fewer valid positions repeats its last anchor, marked invalid.
+    """
+    trained = (loss_mask > 0) & (attention_mask > 0)
+    valid = trained.clone()
+    valid[:, :-1] &= trained[:, 1:]
+    valid[:, -1] = False
+    n = max(1, min(count, int(valid.sum(1).max())))
+    noise = torch.rand(valid.shape, device=valid.device, generator=generator)
+    noise = noise.masked_fill(~valid, 2.0)  # invalid positions sort last
+    picked = noise.topk(n, dim=1, largest=False).indices
+    ok = valid.gather(1, picked)
+    position = torch.where(ok, picked, torch.full_like(picked, -1))
+    order = torch.sort(torch.where(ok, position, position.new_full((), 1 << 40)), dim=1)
+    anchors, ok = order.values, ok.gather(1, order.indices)
+    fallback = torch.where(ok, anchors, anchors.new_zeros(())).amax(1, keepdim=True)
+    return torch.where(ok, anchors, fallback), ok
+
+
+def block_labels(drafter: DFlashDrafter, features, anchors: torch.Tensor, valid: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The label position of each proposal and which proposals are trained.
+
+    Proposal k (0-based) of a block at anchor a predicts the token at a + 1 + k; it is trained
+    when the anchor is valid, that position is inside the sequence and every label position of the
+    block up to it is in the loss mask (a contiguous prefix, as acceptance is).
+
+    Returns:
+        (positions (Bt, N, P) long, trained (Bt, N, P) bool) with P = proposals per block.
+    """
+    s = features.input_ids.shape[1]
+    offsets = torch.arange(1, drafter.proposals + 1, device=anchors.device)
+    positions = anchors[..., None] + offsets  # (Bt, N, P)
+    inside = positions < s
+    masked = features.loss_mask.gather(1, positions.clamp(max=s - 1).flatten(1)).view(
+        positions.shape) > 0
+    trained = (inside & masked).long().cumprod(-1).bool() & valid[..., None]
+    return positions, trained
+
+
+def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor,
+                     first: int) -> torch.Tensor:
+    """Per-proposal loss weights (Bt, N, P), zero where untrained.
+
+    `decay`: exp(-(k + first - 1)/gamma) for proposal k (0-based), i.e. exp(-(k-1)/gamma) over
+    DFlash's rows 1..B-1 and exp(-k/gamma) over DSpark's 0..B-1. `dpace`: D-PACE with alpha 0.5:
+    q~_k = 0.5 * q_k + 0.5 with q_k the draft's probability of the label, C_j = prod_{k<=j} q~_k,
+    w_j = sum_{m>=j} C_m (detached). `uniform`: 1.
+    """
+    p = trained.shape[-1]
+    if kinds == "uniform":
+        weights = torch.ones_like(label_prob)
+    elif kinds == "decay":
+        gamma = config.decay_gamma or default_gamma(config.block_size)
+        k = torch.arange(p, device=trained.device, dtype=torch.float32)
+        weights = torch.exp(-(k + first - 1).clamp(min=0) / gamma).expand(trained.shape)
+    else:
+        smoothed = torch.where(trained, 0.5 * label_prob.detach() + 0.5,
+                               torch.ones_like(label_prob))
+        continuation = torch.cumprod(smoothed, dim=-1) * trained
+        weights = continuation.flip(-1).cumsum(-1).flip(-1)
+    return weights * trained
+
+
+def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Block-drafting loss: every trained proposal of every drawn block against the target.
+
+    Proposal k of the block at anchor a is scored against the target's distribution for the
+    token at a + 1 + k (`kl`: soft cross-entropy, which differs from KL(p || q) by the target's
+    entropy; `ce`: the target's argmax), weighted by `position_weights`, the sum normalised by the
+    sum of weights (Model Optimizer's reduction).
+
+    Returns:
+        (loss, metrics) with `acc_{k}`: top-1 agreement with the target's choice at proposal k
+        over the blocks where k is trained.
+    """
+    cfg = drafter.config
+    generator = None if drafter.training else torch.Generator(
+        features.input_ids.device).manual_seed(0)  # evaluation draws the same blocks every time
+    anchors, valid = draw_anchors(features.loss_mask, features.attention_mask,
+                                  cfg.anchors_per_sequence, generator)
+    positions, trained = block_labels(drafter, features, anchors, valid)
+    hidden = drafter.train_hidden(features, anchors)[:, :, 1 - drafter.label_shift:]
+    rows = hidden[trained]  # (m, H)
+    batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
+        trained.shape)[trained]
+    with torch.no_grad():
+        teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+        choice = teacher.argmax(-1)
+    logp = torch.log_softmax(drafter.logits(rows), dim=-1)
+    if cfg.loss == "kl":
+        per_row = -(torch.softmax(teacher, -1) * logp).sum(-1)
+    else:
+        per_row = -logp.gather(1, choice[:, None])[:, 0]
+    label_prob = torch.zeros(trained.shape, device=logp.device)
+    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp()
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob,
+                               first=1 - drafter.label_shift)
+    row_weights = weights[trained]
+    loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
+    hits = torch.zeros(trained.shape, device=logp.device)
+    hits[trained] = (logp.argmax(-1) == choice).float()
+    counts = trained.sum((0, 1)).clamp_min(1)
+    metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
+    return loss, metrics
+
