@@ -279,12 +279,12 @@ def block_labels(drafter: DFlashDrafter, features, anchors: torch.Tensor, valid:
     return positions, trained
 
 
-def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor,
-                     first: int) -> torch.Tensor:
+def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor
+                     ) -> torch.Tensor:
     """Per-proposal loss weights (Bt, N, P), zero where untrained.
 
-    `decay`: exp(-(k + first - 1)/gamma) for proposal k (0-based), i.e. exp(-(k-1)/gamma) over
-    DFlash's rows 1..B-1 and exp(-k/gamma) over DSpark's 0..B-1. `dpace`: D-PACE with alpha 0.5:
+    `decay`: exp(-k/gamma) for proposal k (0-based): exp(-(r-1)/gamma) over DFlash's block rows
+    r = 1..B-1 and exp(-r/gamma) over DSpark's r = 0..B-1, as their references weigh them. `dpace`: D-PACE with alpha 0.5:
     q~_k = 0.5 * q_k + 0.5 with q_k the draft's probability of the label, C_j = prod_{k<=j} q~_k,
     w_j = sum_{m>=j} C_m (detached). `uniform`: 1.
     """
@@ -294,7 +294,7 @@ def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torc
     elif kinds == "decay":
         gamma = config.decay_gamma or default_gamma(config.block_size)
         k = torch.arange(p, device=trained.device, dtype=torch.float32)
-        weights = torch.exp(-(k + first - 1).clamp(min=0) / gamma).expand(trained.shape)
+        weights = torch.exp(-k / gamma).expand(trained.shape)
     else:
         smoothed = torch.where(trained, 0.5 * label_prob.detach() + 0.5,
                                torch.ones_like(label_prob))
@@ -335,8 +335,7 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
         per_row = -logp.gather(1, choice[:, None])[:, 0]
     label_prob = torch.zeros(trained.shape, device=logp.device)
     label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp()
-    weights = position_weights(cfg, cfg.position_weights, trained, label_prob,
-                               first=1 - drafter.label_shift)
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
     row_weights = weights[trained]
     loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
     hits = torch.zeros(trained.shape, device=logp.device)

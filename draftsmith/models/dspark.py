@@ -135,7 +135,7 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
     label_prob = torch.zeros(trained.shape, device=logp.device)
     choice = teacher.argmax(-1)
     label_prob[trained] = probs.detach().gather(1, choice[:, None])[:, 0]
-    weights = position_weights(cfg, cfg.position_weights, trained, label_prob, first=0)[trained]
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)[trained]
     total = weights.sum().clamp_min(1e-9)
     loss = (cfg.ce_weight * (ce * weights).sum() + cfg.l1_weight * (l1 * weights).sum()
             + cfg.confidence_weight * (bce * weights).sum()) / total

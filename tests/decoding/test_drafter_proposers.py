@@ -1,4 +1,5 @@
-"""Trained-drafter proposers (Medusa, EAGLE-1 static / EAGLE-2 dynamic, EAGLE-3, MTP) are lossless
+"""Trained-drafter proposers (Medusa, EAGLE-1 static / EAGLE-2 dynamic, EAGLE-3, MTP, DFlash and
+DSpark chains and trees) are lossless
 on tiny targets, alone and inside the prompt-lookup hybrid, and a drafter's decode-time predictions
 equal its training-time ones (the cache, positions and features are aligned), also when the hybrid
 handed some steps to prompt lookup."""
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers.base import TreeSettings
+from draftsmith.decoding.proposers.block_drafter import BlockDrafterProposer
 from draftsmith.decoding.proposers.feature_drafter import FeatureDrafterProposer
 from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
 from draftsmith.decoding.proposers.medusa import MedusaProposer
@@ -45,7 +48,17 @@ def proposers(target):
     eagle1 = drafter_for("eagle1", target)
     eagle3 = drafter_for("eagle3", target, draft_vocab_size=100)
     mtp = drafter_for("mtp", target, num_modules=3)
+    dflash = drafter_for("dflash", target, block_size=5, num_layers=2)
+    dspark = drafter_for("dspark", target, block_size=4, num_layers=1, markov_rank=8)
+    doubting = drafter_for("dspark", target, block_size=4, num_layers=1, markov_rank=8,
+                           confidence_threshold=0.6)
+    block_tree = TreeSettings("dynamic", dynamic=DynamicTreeConfig(3, 4, 9))
     return {
+        "dflash_chain": BlockDrafterProposer(dflash, TreeSettings("chain"), "dflash_chain"),
+        "dflash_dynamic": BlockDrafterProposer(dflash, block_tree, "dflash_dynamic"),
+        "dspark_chain": BlockDrafterProposer(dspark, TreeSettings("chain"), "dspark_chain"),
+        "dspark_confidence_cut": BlockDrafterProposer(doubting, TreeSettings("chain"), "cut"),
+        "dspark_dynamic": BlockDrafterProposer(dspark, block_tree, "dspark_dynamic"),
         "mtp_chain": MTPProposer(mtp),
         "medusa_static": MedusaProposer(medusa),
         "eagle1_static": FeatureDrafterProposer(eagle1, DEFAULT_CHOICES),

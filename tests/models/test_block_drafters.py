@@ -1,0 +1,142 @@
+"""DFlash and DSpark: default layer ids and mask token, anchors, position weights, the chunked
+training attention against one big chunk (loss and gradients), and training-time blocks equal to
+decode-time blocks (the context cache, positions and masks agree)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models import block_layers
+from draftsmith.models.dflash import (
+    DFlashConfig,
+    dflash_layer_ids,
+    draw_anchors,
+    position_weights,
+    resolve_mask_token,
+)
+from draftsmith.models.features import target_features
+from draftsmith.registry import get_spec
+from tests.helpers.tiny_targets import tiny_config, tiny_target
+
+KINDS = {"dflash": {"block_size": 4, "num_layers": 2},
+         "dspark": {"block_size": 3, "num_layers": 2, "markov_rank": 8}}
+
+
+def build(kind, target, seed=1, **extra):
+    spec = get_spec(kind)
+    torch.manual_seed(seed)
+    module = spec.build(target.config, spec.make_config({**KINDS[kind], **extra}))
+    module.init_from_target(target)
+    for param in module.parameters():  # random drafters are near-uniform: sharpen them
+        if param.requires_grad and param.dim() == 2:
+            param.data *= 3
+    return module
+
+
+def batch(target, length=24, prompt=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, target.config.vocab_size, (2, length), generator=generator)
+    attention = torch.ones_like(ids)
+    attention[1, -5:] = 0  # right padding
+    loss_mask = attention.clone()
+    loss_mask[:, :prompt] = 0
+    return ids, attention, loss_mask
+
+
+def test_default_layer_ids_follow_the_reference_and_spread_on_shallow_targets():
+    assert dflash_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2 (REFERENCE 7.1.1)
+    assert dflash_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B
+    assert dflash_layer_ids(30, 1) == [15]
+    assert dflash_layer_ids(4, 5) == [0, 1, 2]  # the rule would repeat layer 1
+    with pytest.raises(DraftsmithError, match="num_hidden_layers=1"):
+        dflash_layer_ids(1, 2)
+
+
+def test_layer_ids_reaching_the_last_layer_are_refused():
+    target = tiny_target("llama")
+    with pytest.raises(DraftsmithError, match=r"target_layer_ids \[0, 3\].*0\.\.2"):
+        build("dflash", target, target_layer_ids=[0, 3])
+
+
+def test_mask_token_is_the_chosen_one_else_the_config_s_pad_or_eos():
+    config = tiny_config("llama")  # pad 0, eos 1
+    assert resolve_mask_token(config, 100) == 100
+    assert resolve_mask_token(config, None) == 0
+    config.pad_token_id = None
+    assert resolve_mask_token(config, None) == 1
+    with pytest.raises(DraftsmithError, match="outside the target's vocabulary 0..127"):
+        resolve_mask_token(config, 128)
+
+
+def test_anchors_are_sorted_distinct_trained_positions():
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 1, 1, 1], [0, 1, 1, 0, 0, 0, 0, 0, 0, 0]])
+    attention = torch.ones_like(loss_mask)
+    anchors, valid = draw_anchors(loss_mask, attention, 4, torch.Generator().manual_seed(0))
+    assert anchors.shape == (2, 4)
+    first = anchors[0][valid[0]].tolist()
+    assert len(first) == 4 and first == sorted(set(first))
+    assert set(first) <= {2, 3, 4, 7, 8}  # the token and the next one both trained
+    assert anchors[1][valid[1]].tolist() == [1] and valid[1].sum() == 1
+    many, ok = draw_anchors(loss_mask, attention, 50)
+    assert many.shape[1] == 5 and ok[0].all()  # capped at the most valid positions in a row
+
+
+def test_position_weights_by_hand():
+    config = DFlashConfig(block_size=4, decay_gamma=2.0)
+    trained = torch.tensor([[[True, True, False]]])
+    prob = torch.tensor([[[0.5, 0.2, 0.9]]])
+    decay = position_weights(config, "decay", trained, prob)
+    assert torch.allclose(decay, torch.tensor([[[1.0, math.exp(-0.5), 0.0]]]))
+    dpace = position_weights(config, "dpace", trained, prob)
+    c0, c1 = 0.75, 0.75 * 0.6  # C_j = prod (0.5 q + 0.5); w_j = sum_{m >= j} C_m
+    assert torch.allclose(dpace, torch.tensor([[[c0 + c1, c1, 0.0]]]))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_chunked_training_attention_equals_one_chunk(kind, monkeypatch):
+    target = tiny_target("llama")
+    ids, attention, loss_mask = batch(target)
+    spec = get_spec(kind)
+
+    def loss_and_grads(chunk_scores):
+        monkeypatch.setattr(block_layers, "CHUNK_SCORES", chunk_scores)
+        module = build(kind, target)
+        features = target_features(target, ids, attention, loss_mask,
+                                   spec.aux_layers(4, module.config))
+        torch.manual_seed(5)
+        loss, _ = spec.loss(module, features)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
+
+    whole, whole_grads = loss_and_grads(1 << 40)
+    chunked, chunked_grads = loss_and_grads(1)  # one block per chunk, recomputed in backward
+    assert torch.allclose(whole, chunked, atol=1e-6)
+    for name, grad in whole_grads.items():
+        assert grad is not None and grad.abs().sum() > 0, name
+        assert torch.allclose(grad, chunked_grads[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_training_blocks_equal_decode_time_blocks(kind, family):
+    """A block drawn in training and the same anchor's block at decode time (context cache fed
+    with the features of every earlier position) have the same hidden states."""
+    target = tiny_target(family)
+    module = build(kind, target).eval()
+    ids, attention, loss_mask = batch(target)
+    spec = get_spec(kind)
+    features = target_features(target, ids, attention, loss_mask, spec.aux_layers(4, module.config))
+    anchors = torch.tensor([[3, 9, 15], [1, 7, 12]])
+    with torch.no_grad():
+        trained = module.train_hidden(features, anchors)  # (2, 3, B, H)
+        for row in range(2):
+            fused = module.fuse([aux[row] for aux in features.aux_hidden])
+            for column, anchor in enumerate(anchors[row].tolist()):
+                context = module.context_kv(fused[:anchor], torch.arange(anchor))
+                decoded = module.draft_block(ids[row, anchor], anchor, context)
+                expected = trained[row, column, 1 - module.label_shift:]
+                assert torch.allclose(decoded, expected, atol=1e-5), (row, anchor)
