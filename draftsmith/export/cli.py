@@ -52,7 +52,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise DraftsmithError("--allow-base-model-mismatch only applies with --base-model ORG/NAME; "
                               "drop it or name the base model")
     options = ExportOptions(base_model=args.base_model, dtype=args.dtype,
-                            skip_frozen=args.skip_frozen,
+                            skip_frozen=args.skip_frozen, include_frozen=args.include_frozen,
                             allow_base_model_mismatch=args.allow_base_model_mismatch)
     from draftsmith.export.formats import FORMATS
 
@@ -101,6 +101,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                         help="cast the weights (default: keep the checkpoint's dtype)")
     parser.add_argument("--skip-frozen", action="store_true",
                         help="leave out frozen copies of the target's embedding / head")
+    parser.add_argument("--include-frozen", action="store_true",
+                        help="dflash / dflash-speculators: also write the target's embedding / "
+                        "head, which these layouts leave out by default")
     parser.add_argument("--force", action="store_true",
                         help="replace a previous export in --out (never another folder)")
     parser.add_argument("--target-dir", help="--format gguf: the target's Hugging Face folder "

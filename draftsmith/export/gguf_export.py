@@ -29,7 +29,8 @@ def _not_a_folder_format(*_args):
                           "evaluate the eagle3 export it was made from")
 
 
-def _gguf_serving(base: str, drafter: str) -> list[ServingSection]:
+def _gguf_serving(base: str, drafter: str, settings: dict | None = None
+             ) -> list[ServingSection]:
     return [ServingSection("llama.cpp", (
         "llama-server -m TARGET.gguf -md draft-eagle3.gguf --spec-type draft-eagle3 \\",
         "  --draft-max 3 --draft-min 0 --draft-p-min 0"),
