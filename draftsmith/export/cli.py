@@ -62,8 +62,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.target_dir and args.format != "gguf":
         raise DraftsmithError("--target-dir is for --format gguf (llama.cpp's converter reads the "
                               "target's folder); drop it")
+    if args.outtype and args.format != "gguf":
+        raise DraftsmithError("--outtype is for --format gguf (llama.cpp's converter); use --dtype "
+                              "for a folder export")
+    if args.include_frozen and args.skip_frozen:
+        raise DraftsmithError("--include-frozen and --skip-frozen contradict each other; pick one")
     print(export_drafter(args.checkpoint, args.format, args.out, eval_json=args.eval_json,
-                         options=options, overwrite=args.force, target_dir=args.target_dir))
+                         options=options, overwrite=args.force, target_dir=args.target_dir,
+                         outtype=args.outtype or "f32"))
     return 0
 
 
@@ -81,7 +87,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
         "export", help="export a trained drafter for vLLM / SGLang / reference code, or --check one",
         description="Formats: eagle3 = EAGLE-3 for SGLang (official layout); speculators = EAGLE-3 "
         "for vLLM; eagle = EAGLE-1/2; medusa = FasterDecoding/Medusa heads; mtp = MTP modules in "
-        "the DeepSeek-V3 layout; gguf = EAGLE-3 as a llama.cpp draft GGUF (llama.cpp's own "
+        "the DeepSeek-V3 layout; dflash = DFlash for vLLM / SGLang (native layout); "
+        "dflash-speculators = DFlash, speculators layout; dspark = DSpark for vLLM (DeepSpec "
+        "layout); gguf = EAGLE-3 or DFlash as a llama.cpp draft GGUF (llama.cpp's own "
         "converter). Every folder export carries config.json, safetensors weights, "
         "draftsmith_drafter.json and a README.md model card (gguf: the .gguf, the metadata and "
         "the card).")
@@ -109,6 +117,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--target-dir", help="--format gguf: the target's Hugging Face folder "
                         "(config + tokenizer) for llama.cpp's converter (default: the training "
                         "target's, if it is an offline model or a local folder)")
+    parser.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"],
+                        help="--format gguf: the draft's weight type (default f32, exact; the "
+                        "draft's weights cost memory bandwidth in the engine like the target's)")
     parser.add_argument("--check", metavar="DIR",
                         help="validate an export (or a published drafter) against --target")
     parser.add_argument("--target", help="target for --check: offline name, folder, .gguf or Hub "

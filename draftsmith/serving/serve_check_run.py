@@ -182,9 +182,9 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
 def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
                    settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
     """(plain run, speculative run, what served them) in llama.cpp with the converted draft."""
-    from draftsmith.export.gguf import convert_eagle3_to_gguf
+    from draftsmith.export.gguf import convert_to_gguf
 
-    draft_gguf = convert_eagle3_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
+    draft_gguf = convert_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
     plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
     draft = DraftOptions(draft_gguf, draft_max=settings.draft_max)
     spec = run_engine(gguf, ids, settings, out_dir / "engine_eagle3.log", draft, log)
