@@ -1,5 +1,4 @@
-"""EAGLE-3 and DFlash drafters overfit on one token sequence of a real target: the engine gate's
-drafters.
+"""An EAGLE-3 drafter overfit on one token sequence of a real target: the engine gate's drafter.
 
 SpecForge gates its exports the same way: a drafter that has memorised one answer must see
 (nearly) every draft token of it accepted by the engine, or the export loses something the engine
@@ -13,7 +12,6 @@ from pathlib import Path
 import torch
 
 from draftsmith.models.eagle3 import eagle3_loss
-from draftsmith.models.features import Features
 from draftsmith.models.layers import dense_target_logits
 from draftsmith.registry import get_spec
 from tests.helpers.export_helpers import write_checkpoint
@@ -56,38 +54,4 @@ def overfit_eagle3(target, tokens: list[int], answer_start: int, folder: Path, *
         loss.backward()
         optimizer.step()
     return write_checkpoint(folder, "eagle3", module.eval(), target, settings,
-                            training_steps=steps)
-
-
-def overfit_dflash(target, tokens: list[int], answer_start: int, folder: Path, *,
-                   block_size: int = 4, num_layers: int = 2, steps: int = 60,
-                   lr: float = 3e-3) -> Path:
-    """Train a DFlash drafter on `tokens` (answer from `answer_start`), every block of the answer
-    at once, and write its checkpoint (the frozen embedding and head included, as training
-    writes them). Two draft layers fuse two target layers, so a shifted layer id in an export
-    shows. Returns the checkpoint folder."""
-    settings = {"block_size": block_size, "num_layers": num_layers, "anchors_per_sequence": 512}
-    spec = get_spec("dflash")
-    torch.manual_seed(0)
-    config = spec.make_config(settings)
-    module = spec.build(target.config, config)
-    module.init_from_target(target)
-    input_ids = torch.tensor([tokens])
-    with torch.no_grad():
-        out = target(input_ids, output_hidden_states=True)
-    loss_mask = torch.zeros_like(input_ids)
-    loss_mask[:, answer_start:] = 1
-    features = Features(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                        loss_mask=loss_mask, last_hidden=out.hidden_states[-1],
-                        aux_hidden=[out.hidden_states[i + 1] for i in module.target_layer_ids],
-                        head=target.get_output_embeddings())
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
-    module.train()
-    for _ in range(steps):
-        loss, _ = spec.loss(module, features)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return write_checkpoint(folder, "dflash", module.eval(), target, settings,
                             training_steps=steps)
