@@ -280,8 +280,8 @@ def read_dflash_speculators(config: dict, tensors: dict[str, torch.Tensor],
                 "mask_token_id": config.get("mask_token_id")}
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     body = config.get("transformer_layer_config") or {}
-    return _read_block("dflash-speculators", "dflash", (), body, config, tensors, settings, verifier,
-                       where)
+    return _read_block("dflash-speculators", "dflash", (), body, config, tensors, settings,
+                       verifier, where)
 
 
 def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
@@ -302,7 +302,8 @@ def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
     w1 = tensors.get("markov_head.markov_w1.weight")
     settings["markov_rank"] = config.get("markov_rank") or (int(w1.shape[1]) if w1 is not None
                                                               else None)
-    return _read_block("dspark", "dspark", DSPARK_PREFIXES, config, config, tensors, settings, None, where)
+    return _read_block("dspark", "dspark", DSPARK_PREFIXES, config, config, tensors, settings,
+                       None, where)
 
 
 def _body_keys(drafter: ExportedDrafter, body: dict, where: str) -> list:

@@ -4,11 +4,11 @@ DIR/draft-dflash.gguf --spec-type draft-dflash`), its weights in f32 (exact) or 
 `--outtype` (f16, bf16, q8_0).
 
 The drafter is first exported in the `eagle3` / `dflash` layout (read back and compared tensor by
-tensor, as every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the engine's pinned
-version (`export/gguf.py`), which also needs the target's Hugging Face folder (config and
-tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the training
-metadata and a model card with the llama-server command; it is written to `DIR.partial` and
-renamed when complete.
+tensor, as every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the
+engine's pinned version (`export/gguf.py`), which also needs the target's Hugging Face folder
+(config and tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the
+training metadata and a model card with the llama-server command; it is written to
+`DIR.partial` and renamed when complete.
 """
 
 from __future__ import annotations
