@@ -1,8 +1,8 @@
 """The engine gate on the real SmolLM2-135M: an EAGLE-3 drafter overfit on one answer, exported,
 converted to GGUF by llama.cpp's own converter and served by llama.cpp's server (real processes,
 real HTTP on loopback) must reproduce the engine's plain greedy output and have its drafts
-accepted, a full draft block included; an untrained drafter must fail the check loudly. A DFlash
-export takes the same path (`draft-dflash`) and must leave the engine's greedy output unchanged."""
+accepted, a full draft block included; an untrained drafter must fail the check loudly. The same
+holds for an overfit DFlash drafter (`draft-dflash`, the whole block as the draft length)."""
 
 import json
 
@@ -19,7 +19,7 @@ from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target import load_target
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.state import require_offline_model
-from tests.serving.overfit import overfit_eagle3
+from tests.serving.overfit import overfit_dflash, overfit_eagle3
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 NAME = "smollm2-135m-instruct"
@@ -28,6 +28,11 @@ DRAFT_MAX = 3
 # An overfit drafter's answer is memorised; through a faithful export the engine accepts most of
 # it. A lost layer id, norm or d2t mapping drops this to ~0 (the untrained drafter's level).
 ACCEPTANCE_FLOOR = 0.5
+# DFlash drafts the whole block from one forward, so a miss early in it loses the rest: measured
+# 48% on this gate (13 of 27 draft tokens; position 3 accepted in a third of the blocks) where
+# the untrained drafter gets ~5%. The engine's Q4_1 target moves the features the drafter was
+# overfit on (float32), so the engine accepts less than the memorised answer would suggest.
+DFLASH_ACCEPTANCE_FLOOR = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +77,13 @@ def test_overfit_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
     assert result["hardware"]["cpu"]
 
 
-def test_a_dflash_export_serves_in_llama_cpp_with_plain_greedy_output(smollm, tmp_path):
-    """DFlash through the whole path: export, llama.cpp's converter (layer inputs, block size in
-    the GGUF), `draft-dflash` with the whole block as draft length; the engine's greedy output
-    is its plain one. (An untrained drafter: acceptance is not asserted here.)"""
-    settings = {"block_size": DRAFT_MAX + 1, "num_layers": 2}
-    module = build_drafter("dflash", smollm.model, settings)
-    checkpoint = write_checkpoint(tmp_path / "drafter", "dflash", module, smollm.model, settings)
+def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
+    prompt_file, prompt, answer = engine_answer(smollm, tmp_path)
+    checkpoint = overfit_dflash(smollm.model, prompt + answer, len(prompt), tmp_path / "drafter",
+                                block_size=DRAFT_MAX + 1)
     export = export_drafter(checkpoint, "dflash", tmp_path / "export")
-    prompt_file = tmp_path / "prompts.txt"
-    prompt_file.write_text("Name three colours.\n")
 
-    code, result = serve_check(tmp_path, export, prompt_file, "--min-acceptance", "0",
-                               "--max-new-tokens", "12")
+    code, result = serve_check(tmp_path, export, prompt_file)  # --draft-max 3: the whole block
 
     assert code == 0
     assert result["identical"] == [1, 1]
@@ -92,9 +91,10 @@ def test_a_dflash_export_serves_in_llama_cpp_with_plain_greedy_output(smollm, tm
     fields = gguf_fields(tmp_path / "serve_check" / "draft.gguf")
     assert fields["dflash.target_layers"] == [2, 28]  # layer inputs of outputs [1, 27]
     assert fields["dflash.block_size"] == DRAFT_MAX + 1
-    assert result["draft_max"] == DRAFT_MAX
-    assert len(result["engine_stats"]["acceptance_per_position"]) == DRAFT_MAX
-    assert result["engine_stats"]["draft_tokens"] > 0, "the engine never drafted"
+    engine = result["engine_stats"]
+    assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
+    assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
+    assert engine["tau"] > 1.5
 
 
 def test_untrained_drafter_fails_the_check(smollm, tmp_path, capsys):
