@@ -1,5 +1,6 @@
 """Export trained drafters to the checkpoint layouts serving engines load (EAGLE-3 official /
-SGLang and speculators / vLLM, EAGLE-1/2, Medusa, DeepSeek-V3 MTP), import those layouts back,
+SGLang and speculators / vLLM, EAGLE-1/2, Medusa, DeepSeek-V3 MTP, DFlash native / speculators,
+DSpark DeepSpec; EAGLE-3 and DFlash as llama.cpp draft GGUFs), import those layouts back,
 validate them against a target, write model cards and push to the Hugging Face Hub.
 
 Public API:
@@ -9,7 +10,7 @@ Public API:
     is_exported_folder(folder) -> bool
     check_exported(folder, target_config) -> ExportedDrafter
     push_folder(folder, repo_id, private=False, revision=None, dry_run=False) -> commit URL
-    convert_eagle3_to_gguf(export_dir, target_hf_dir, out) -> Path  (llama.cpp draft GGUF)
+    convert_to_gguf(export_dir, target_hf_dir, out, outtype="f32") -> Path  (llama.cpp draft)
     add_export_parser(subparsers), add_push_parser(subparsers): the CLI verbs
 
 Names are imported on first use, so `draftsmith --help` does not pay for torch and transformers.
@@ -30,7 +31,7 @@ _WHERE = {
     "detect_format": "formats",
     "get_format": "formats",
     "check_exported": "load",
-    "convert_eagle3_to_gguf": "gguf",
+    "convert_to_gguf": "gguf",
     "is_exported_folder": "load",
     "load_any_drafter": "load",
     "load_exported": "load",

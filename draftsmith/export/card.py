@@ -109,12 +109,12 @@ def _eval_section(payload: dict | None) -> list[str]:
     return lines
 
 
-def _serving(fmt: ExportFormat, base: str) -> list[str]:
+def _serving(fmt: ExportFormat, base: str, settings: dict) -> list[str]:
     """The card's serving section: the format's engine sections, then draftsmith's own loop."""
     lines = ["## Serving", ""]
     if fmt.is_folder:
         lines += [f"Replace `{DRAFTER}` with this folder or its Hub repo id.", ""]
-    for section in fmt.serving(base, DRAFTER):
+    for section in fmt.serving(base, DRAFTER, settings):
         lines += [f"### {section.engine}", ""]
         if section.command:
             lines += ["```bash", *section.command, "```", ""]
@@ -185,7 +185,7 @@ def model_card(meta: dict, fmt: ExportFormat, base_model: str | None, files: dic
              f"# {_title(kind)} drafter for {target}", "",
              f"A speculative-decoding drafter trained with draftsmith against the frozen target "
              f"`{target}`.", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts], "",
-             "## Evaluation", "", *_eval_section(eval_payload), *_serving(fmt, target),
+             "## Evaluation", "", *_eval_section(eval_payload), *_serving(fmt, target, settings),
              "## Files", "", *[f"- `{name}` ({size:,} bytes)" for name, size in files.items()], ""]
     if recipe:
         lines += ["## Training recipe", "", "```yaml", yaml.safe_dump(recipe, sort_keys=False).strip(),

@@ -52,7 +52,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise DraftsmithError("--allow-base-model-mismatch only applies with --base-model ORG/NAME; "
                               "drop it or name the base model")
     options = ExportOptions(base_model=args.base_model, dtype=args.dtype,
-                            skip_frozen=args.skip_frozen,
+                            skip_frozen=args.skip_frozen, include_frozen=args.include_frozen,
                             allow_base_model_mismatch=args.allow_base_model_mismatch)
     from draftsmith.export.formats import FORMATS
 
@@ -62,8 +62,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.target_dir and args.format != "gguf":
         raise DraftsmithError("--target-dir is for --format gguf (llama.cpp's converter reads the "
                               "target's folder); drop it")
+    if args.outtype and args.format != "gguf":
+        raise DraftsmithError("--outtype is for --format gguf (llama.cpp's converter); use --dtype "
+                              "for a folder export")
+    if args.include_frozen and args.skip_frozen:
+        raise DraftsmithError("--include-frozen and --skip-frozen contradict each other; pick one")
     print(export_drafter(args.checkpoint, args.format, args.out, eval_json=args.eval_json,
-                         options=options, overwrite=args.force, target_dir=args.target_dir))
+                         options=options, overwrite=args.force, target_dir=args.target_dir,
+                         outtype=args.outtype or "f32"))
     return 0
 
 
@@ -81,7 +87,9 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
         "export", help="export a trained drafter for vLLM / SGLang / reference code, or --check one",
         description="Formats: eagle3 = EAGLE-3 for SGLang (official layout); speculators = EAGLE-3 "
         "for vLLM; eagle = EAGLE-1/2; medusa = FasterDecoding/Medusa heads; mtp = MTP modules in "
-        "the DeepSeek-V3 layout; gguf = EAGLE-3 as a llama.cpp draft GGUF (llama.cpp's own "
+        "the DeepSeek-V3 layout; dflash = DFlash for vLLM / SGLang (native layout); "
+        "dflash-speculators = DFlash, speculators layout; dspark = DSpark for vLLM (DeepSpec "
+        "layout); gguf = EAGLE-3 or DFlash as a llama.cpp draft GGUF (llama.cpp's own "
         "converter). Every folder export carries config.json, safetensors weights, "
         "draftsmith_drafter.json and a README.md model card (gguf: the .gguf, the metadata and "
         "the card).")
@@ -101,11 +109,17 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                         help="cast the weights (default: keep the checkpoint's dtype)")
     parser.add_argument("--skip-frozen", action="store_true",
                         help="leave out frozen copies of the target's embedding / head")
+    parser.add_argument("--include-frozen", action="store_true",
+                        help="dflash / dflash-speculators: also write the target's embedding / "
+                        "head, which these layouts leave out by default")
     parser.add_argument("--force", action="store_true",
                         help="replace a previous export in --out (never another folder)")
     parser.add_argument("--target-dir", help="--format gguf: the target's Hugging Face folder "
                         "(config + tokenizer) for llama.cpp's converter (default: the training "
                         "target's, if it is an offline model or a local folder)")
+    parser.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"],
+                        help="--format gguf: the draft's weight type (default f32, exact; the "
+                        "draft's weights cost memory bandwidth in the engine like the target's)")
     parser.add_argument("--check", metavar="DIR",
                         help="validate an export (or a published drafter) against --target")
     parser.add_argument("--target", help="target for --check: offline name, folder, .gguf or Hub "

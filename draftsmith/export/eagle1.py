@@ -98,6 +98,7 @@ def eagle_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
 
 
-def eagle_serving(base: str, drafter: str) -> list[ServingSection]:
+def eagle_serving(base: str, drafter: str, settings: dict | None = None
+             ) -> list[ServingSection]:
     """Model card serving sections of the EAGLE-1/2 layout."""
     return [vllm_command(base, drafter, "eagle", 5), sglang_command(base, drafter, "EAGLE")]

@@ -163,6 +163,9 @@ def _read_common(fmt: str, tensors: dict[str, torch.Tensor], hidden: int, vocab:
         raise DraftsmithError(f"{where}: tensors draftsmith's EAGLE-3 drafter does not have: "
                               f"{unknown[:5]} (more than one decoder layer, or a variant with "
                               "extra norms, is not supported)")
+    if ids and len(ids) != 3:
+        raise DraftsmithError(f"{where}: EAGLE-3 fuses 3 target layers but the aux layer ids are "
+                              f"{ids}")
     if "fc.bias" in tensors:
         raise DraftsmithError(f"{where}: an `fc` with bias is not supported by draftsmith's EAGLE-3")
     if "lm_head.weight" not in tensors:
@@ -256,7 +259,8 @@ def speculators_config_keys(drafter: ExportedDrafter, config: dict) -> list:
              verifier.get("name_or_path", MISSING), None)]
 
 
-def eagle3_serving(base: str, drafter: str) -> list[ServingSection]:
+def eagle3_serving(base: str, drafter: str, settings: dict | None = None
+                   ) -> list[ServingSection]:
     """Model card serving sections of the official / SGLang layout."""
     return [sglang_command(base, drafter, "EAGLE3"),
             ServingSection("vLLM", note="Not from this folder: export with `--format "
@@ -264,7 +268,8 @@ def eagle3_serving(base: str, drafter: str) -> list[ServingSection]:
                            "with a different offset.")]
 
 
-def speculators_serving(base: str, drafter: str) -> list[ServingSection]:
+def speculators_serving(base: str, drafter: str, settings: dict | None = None
+             ) -> list[ServingSection]:
     """Model card serving sections of the speculators layout."""
     return [vllm_command(base, drafter, "eagle3", 3),
             ServingSection("SGLang", note="Not from this folder: export with `--format eagle3` "

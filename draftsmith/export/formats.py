@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import eagle1, eagle3, medusa, mtp
+from draftsmith.export import dflash, eagle1, eagle3, medusa, mtp
 from draftsmith.export.record import ExportFormat
 
 FORMATS: dict[str, ExportFormat] = {
@@ -28,11 +28,26 @@ FORMATS: dict[str, ExportFormat] = {
         ExportFormat("mtp", "mtp", "MTP modules, DeepSeek-V3 layout (model.layers.{N+k}.*)",
                      mtp.write_mtp, mtp.matches_mtp, mtp.read_mtp, mtp.mtp_config_keys,
                      mtp.mtp_serving),
+        ExportFormat("dflash", "dflash",
+                     "DFlash, native z-lab layout that vLLM (dflash), SGLang (DFLASH) and "
+                     "llama.cpp's converter load (DFlashDraftModel)",
+                     dflash.write_dflash, dflash.matches_dflash, dflash.read_dflash,
+                     dflash.dflash_config_keys, dflash.dflash_serving),
+        ExportFormat("dflash-speculators", "dflash",
+                     "DFlash, vllm-project/speculators layout (DFlashSpeculator)",
+                     dflash.write_dflash_speculators, dflash.matches_dflash_speculators,
+                     dflash.read_dflash_speculators, dflash.dflash_speculators_config_keys,
+                     dflash.dflash_speculators_serving, library_name="speculators"),
+        ExportFormat("dspark", "dspark",
+                     "DSpark, deepseek-ai/DeepSpec layout that vLLM serves (Qwen3DSparkModel)",
+                     dflash.write_dspark, dflash.matches_dspark, dflash.read_dspark,
+                     dflash.dspark_config_keys, dflash.dspark_serving),
     )
 }
 
 # Detection order: the explicit markers first, the weight-name guess (EAGLE-1) last.
-DETECTION_ORDER = ("speculators", "medusa", "mtp", "eagle3", "eagle")
+DETECTION_ORDER = ("speculators", "dflash-speculators", "medusa", "mtp", "dspark", "dflash",
+                   "eagle3", "eagle")
 
 
 def get_format(name: str) -> ExportFormat:
@@ -58,6 +73,7 @@ def detect_format(config: dict, names: set[str], where: str) -> ExportFormat:
             return FORMATS[name]
     raise DraftsmithError(
         f"{where}: cannot tell the checkpoint format from config.json and the weight names. "
-        "Recognised: speculators (speculators_model_type), medusa (medusa_num_heads), mtp "
-        "(num_nextn_predict_layers or *.eh_proj.weight), eagle3 (LlamaForCausalLMEagle3 or "
-        "midlayer.*), eagle (fc.weight + layers.0.*)")
+        "Recognised: speculators / dflash-speculators (speculators_model_type), medusa "
+        "(medusa_num_heads), mtp (num_nextn_predict_layers or *.eh_proj.weight), dspark "
+        "(Qwen3DSparkModel or markov_head.*), dflash (DFlashDraftModel), eagle3 "
+        "(LlamaForCausalLMEagle3 or midlayer.*), eagle (fc.weight + layers.0.*)")

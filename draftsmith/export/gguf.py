@@ -1,4 +1,5 @@
-"""EAGLE-3 exports as llama.cpp draft GGUFs, through llama.cpp's own `convert_hf_to_gguf.py`.
+"""EAGLE-3 and DFlash exports as llama.cpp draft GGUFs, through llama.cpp's own
+`convert_hf_to_gguf.py`.
 
 The converter comes from the same llama.cpp source that the serving engine was built from: the
 `xllamacpp` sdist on PyPI (the engine's version, see `draftsmith.engines.llama_cpp`) carries it
@@ -14,6 +15,13 @@ top-level `eagle_aux_hidden_state_layer_ids`; the official layout keeps 0-based 
 `eagle_config`, which the script ignores (it falls back to [2, N//2, N-3]). So the export's config
 is staged with the ids written where and how llama.cpp reads them, and the written GGUF's
 `eagle3.target_layers` is checked against them.
+
+DFlash (arch `dflash`, PR #22105): the converter reads the native layout's
+`dflash_config.{block_size, mask_token_id, target_layer_ids}` (0-based outputs, adding 1 itself;
+block size from `dflash_config` first, then the top level), takes the tokenizer from the target and
+writes `dflash.target_layers`, `dflash.block_size`, `tokenizer.ggml.mask_token_id`; the
+speculators layout is staged as the native one. `--outtype` f16 / bf16 / q8_0 shrink the draft
+(its weights cost memory bandwidth in the engine like the target's).
 """
 
 from __future__ import annotations
@@ -91,10 +99,8 @@ def converter_script(log: Callable[[str], None] = print) -> Path:
     return script
 
 
-def _stage(export_dir: Path, staging: Path) -> list[int]:
-    """A view of the export whose config carries the layer ids as llama.cpp reads them; returns
-    those ids (layer inputs)."""
-    config = json.loads((export_dir / "config.json").read_text())
+def _stage_eagle3(config: dict, export_dir: Path) -> list[int]:
+    """Put the EAGLE-3 ids where llama.cpp reads them (top-level layer inputs); returns them."""
     if "speculators_model_type" in config:  # vLLM's numbering already, at the top level
         ids = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
     else:
@@ -105,44 +111,107 @@ def _stage(export_dir: Path, staging: Path) -> list[int]:
         raise DraftsmithError(f"{export_dir}/config.json records no EAGLE-3 aux layer ids "
                               "(eagle_config.eagle_aux_hidden_state_layer_ids); re-export it with "
                               "`draftsmith export CKPT --format eagle3`")
+    return ids
+
+
+def _stage_dflash(config: dict, export_dir: Path) -> list[int]:
+    """The converter reads the native layout (`DFlashDraftModel`, block size and 0-based layer
+    outputs under `dflash_config`, adding 1 itself); a speculators-layout export is rewritten into
+    it. Returns the layer inputs the GGUF must record."""
+    if config.get("speculators_model_type") == "dflash":
+        body = dict(config.get("transformer_layer_config") or {})
+        outputs = [i - 1 for i in config.get("aux_hidden_state_layer_ids") or []]
+        flags = {"block_size": config.get("block_size"), "mask_token_id": config.get("mask_token_id"),
+                 "target_layer_ids": outputs}
+        config.clear()
+        config.update(body, architectures=["DFlashDraftModel"], block_size=flags["block_size"],
+                      dflash_config=flags)
+    flags = config.get("dflash_config") or {}
+    outputs = flags.get("target_layer_ids")
+    if not outputs or flags.get("mask_token_id") is None:
+        raise DraftsmithError(f"{export_dir}/config.json records no dflash_config.target_layer_ids "
+                              "or mask_token_id (llama.cpp's converter would guess them); "
+                              "re-export it with `draftsmith export CKPT --format dflash`")
+    return [i + 1 for i in outputs]
+
+
+# the converter's arch for each export layout's drafter kind, and how its config is staged
+STAGES = {"eagle3": _stage_eagle3, "dflash": _stage_dflash}
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # the converter's --outtype choices that fit a draft
+
+
+def gguf_arch(config: dict) -> str:
+    """The llama.cpp arch of an export's config.json (`eagle3` or `dflash`).
+
+    Raises:
+        DraftsmithError: a layout llama.cpp's converter does not take from draftsmith.
+    """
+    archs = config.get("architectures") or []
+    if config.get("speculators_model_type") == "dflash" or "DFlashDraftModel" in archs:
+        return "dflash"
+    if config.get("speculators_model_type") == "eagle3" or any("Eagle3" in a for a in archs):
+        return "eagle3"
+    raise DraftsmithError(f"a {archs or 'config.json'} export is not converted to a llama.cpp "
+                          "draft GGUF; export an EAGLE-3 (--format eagle3) or DFlash (--format "
+                          "dflash) drafter")
+
+
+def _stage(export_dir: Path, staging: Path) -> tuple[str, list[int]]:
+    """A view of the export whose config carries the layer ids as llama.cpp reads them; returns
+    (the GGUF arch, those ids as layer inputs)."""
+    config = json.loads((export_dir / "config.json").read_text())
+    arch = gguf_arch(config)
+    ids = STAGES[arch](config, export_dir)
     staging.mkdir(parents=True)
     for item in export_dir.iterdir():
         if item.name != "config.json":
             (staging / item.name).symlink_to(item.resolve())
     (staging / "config.json").write_text(json.dumps(config, indent=2))
-    return ids
+    return arch, ids
+
+
+def gguf_fields(path: Path) -> dict:
+    """The metadata of a GGUF (read with the `gguf` package) except the tokenizer's arrays, e.g.
+    `{"general.architecture": "dflash", "dflash.target_layers": [2, 9, 15], ...}`."""
+    from gguf import GGUFReader
+
+    return {name: field.contents() for name, field in GGUFReader(path).fields.items()
+            if not (name.startswith("tokenizer.ggml.") and len(field.data) > 1)}
 
 
 def gguf_target_layers(path: Path) -> list[int]:
-    """`eagle3.target_layers` of a draft GGUF (read with the `gguf` package)."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("eagle3.target_layers")
-    return [int(field.parts[i][0]) for i in field.data] if field else []
+    """`<arch>.target_layers` of a draft GGUF: the layer inputs it reads."""
+    fields = gguf_fields(path)
+    return list(fields.get(f"{fields.get('general.architecture')}.target_layers") or [])
 
 
-def convert_eagle3_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str | Path,
-                           log: Callable[[str], None] = print) -> Path:
-    """Convert an EAGLE-3 export (`eagle3` or `speculators` layout) into a float32 draft GGUF.
+def convert_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str | Path,
+                    log: Callable[[str], None] = print, outtype: str = "f32") -> Path:
+    """Convert an EAGLE-3 (`eagle3` / `speculators` layout) or DFlash (`dflash` /
+    `dflash-speculators`) export into a llama.cpp draft GGUF.
 
     Args:
-        export_dir: the folder `draftsmith export --format eagle3` wrote.
+        export_dir: the folder `draftsmith export` wrote.
         target_hf_dir: the target's Hugging Face folder (config.json and tokenizer).
         out: the .gguf file to write (replaced).
+        outtype: the converter's weight type, one of `OUTTYPES` (f32 keeps the weights exact).
 
     Raises:
-        DraftsmithError: the converter failed (its log's tail quoted) or wrote other layer ids.
+        DraftsmithError: an unknown outtype, a layout the converter does not take, the converter
+            failing (its log's tail quoted) or writing other layer ids.
     """
+    if outtype not in OUTTYPES:
+        raise DraftsmithError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
     export_dir, out = Path(export_dir), Path(out)
     script = converter_script(log)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         staging = Path(scratch) / "export"
-        ids = _stage(export_dir, staging)
+        arch, ids = _stage(export_dir, staging)
         partial = Path(scratch) / out.name
         env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}  # the script adds gguf-py
         command = [sys.executable, str(script), str(staging), "--target-model-dir",
-                   str(target_hf_dir), "--outtype", "f32", "--outfile", str(partial)]
+                   str(target_hf_dir), "--outtype", outtype, "--outfile", str(partial)]
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode != 0 or not partial.is_file():
             tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
@@ -150,8 +219,8 @@ def convert_eagle3_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, ou
                                   f"{export_dir}:\n" + "\n".join(tail))
         written = gguf_target_layers(partial)
         if written != ids:
-            raise DraftsmithError(f"{out.name}: the converter wrote eagle3.target_layers "
+            raise DraftsmithError(f"{out.name}: the converter wrote {arch}.target_layers "
                                   f"{written}, the export records {ids} (layer inputs)")
         partial.replace(out)
-    log(f"draft GGUF {out} (EAGLE-3, target layers {ids} as layer inputs)")
+    log(f"draft GGUF {out} ({arch}, {outtype}, target layers {ids} as layer inputs)")
     return out

@@ -1,12 +1,14 @@
-"""`draftsmith export CKPT --format gguf --out DIR`: an EAGLE-3 drafter as the draft GGUF that
-llama.cpp's server loads (`-md DIR/draft-eagle3.gguf --spec-type draft-eagle3`).
+"""`draftsmith export CKPT --format gguf --out DIR`: an EAGLE-3 or DFlash drafter as the draft GGUF
+that llama.cpp's server loads (`-md DIR/draft-eagle3.gguf --spec-type draft-eagle3`, `-md
+DIR/draft-dflash.gguf --spec-type draft-dflash`), its weights in f32 (exact) or a smaller
+`--outtype` (f16, bf16, q8_0).
 
-The drafter is first exported in the `eagle3` layout (read back and compared tensor by tensor, as
-every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the engine's pinned
-version (`export/gguf.py`), which also needs the target's Hugging Face folder (config and
-tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the training
-metadata and a model card with the llama-server command; it is written to `DIR.partial` and
-renamed when complete.
+The drafter is first exported in the `eagle3` / `dflash` layout (read back and compared tensor by
+tensor, as every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the
+engine's pinned version (`export/gguf.py`), which also needs the target's Hugging Face folder
+(config and tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the
+training metadata and a model card with the llama-server command; it is written to
+`DIR.partial` and renamed when complete.
 """
 
 from __future__ import annotations
@@ -21,27 +23,43 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.record import ExportFormat, ExportOptions, ServingSection
 from draftsmith.files import write_json
 
-GGUF_NAME = "draft-eagle3.gguf"
-
 
 def _not_a_folder_format(*_args):
     raise DraftsmithError("a gguf export is one file for llama.cpp, not a folder draftsmith reads; "
-                          "evaluate the eagle3 export it was made from")
+                          "evaluate the folder export it was made from")
 
 
-def _gguf_serving(base: str, drafter: str) -> list[ServingSection]:
-    return [ServingSection("llama.cpp", (
-        "llama-server -m TARGET.gguf -md draft-eagle3.gguf --spec-type draft-eagle3 \\",
-        "  --draft-max 3 --draft-min 0 --draft-p-min 0"),
-        "`TARGET.gguf` is the target as GGUF. `draftsmith serve-check` runs this pairing against "
-        "llama.cpp's plain decoding and draftsmith's own loop.")]
+def _gguf_serving(spec_type: str):
+    def serving(base: str, drafter: str, settings: dict | None = None) -> list[ServingSection]:
+        block = (settings or {}).get("block_size")
+        draft_max = block - 1 if block else 3  # DFlash drafts its whole block, EAGLE-3 a chain
+        return [ServingSection("llama.cpp", (
+            f"llama-server -m TARGET.gguf -md {gguf_name(spec_type)} --spec-type {spec_type} \\",
+            f"  --draft-max {draft_max} --draft-min 0 --draft-p-min 0"),
+            "`TARGET.gguf` is the target as GGUF. `draftsmith serve-check` runs this pairing "
+            "against llama.cpp's plain decoding and draftsmith's own loop.")]
+    return serving
 
 
-GGUF_FORMAT = ExportFormat("gguf", "eagle3",
-                           "EAGLE-3 draft GGUF for llama.cpp (`--spec-type draft-eagle3`), "
-                           "converted by llama.cpp's own convert_hf_to_gguf.py",
-                           _not_a_folder_format, lambda config, names: False, _not_a_folder_format,
-                           serving=_gguf_serving, is_folder=False)
+def gguf_name(spec_type: str) -> str:
+    """The draft file's name: `draft-eagle3.gguf`, `draft-dflash.gguf`."""
+    return f"{spec_type}.gguf"
+
+
+# the folder layout a kind is staged in before llama.cpp's converter reads it
+STAGED_FORMAT = {"eagle3": "eagle3", "dflash": "dflash"}
+
+
+def gguf_format(kind: str) -> ExportFormat:
+    """The `gguf` pseudo-format of a kind llama.cpp serves (for the model card)."""
+    from draftsmith.registry import get_spec
+
+    spec = get_spec(kind)
+    spec_type = spec.engine_methods["llama.cpp"]
+    return ExportFormat("gguf", kind, f"{spec.title} draft GGUF for llama.cpp (`--spec-type "
+                        f"{spec_type}`), converted by llama.cpp's own convert_hf_to_gguf.py",
+                        _not_a_folder_format, lambda config, names: False, _not_a_folder_format,
+                        serving=_gguf_serving(spec_type), is_folder=False)
 
 
 def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
@@ -73,17 +91,18 @@ def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
 def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path | None = None,
                 options: ExportOptions | None = None, overwrite: bool = False,
                 target_dir: str | Path | None = None,
-                log: Callable[[str], None] = print) -> Path:
-    """Write `out/draft-eagle3.gguf` (float32), `draftsmith_drafter.json` and a model card.
+                log: Callable[[str], None] = print, outtype: str = "f32") -> Path:
+    """Write `out/draft-eagle3.gguf` or `out/draft-dflash.gguf` (weights as `outtype`: f32, f16,
+    bf16 or q8_0), `draftsmith_drafter.json` and a model card.
 
     Raises:
-        DraftsmithError: a drafter that is not EAGLE-3, an existing output, no target folder, or
-            the converter failing (its log's tail quoted).
+        DraftsmithError: a drafter llama.cpp does not serve, an existing output, no target
+            folder, an unknown outtype, or the converter failing (its log's tail quoted).
     """
     from draftsmith.export.card import model_card, read_eval
     from draftsmith.export.folder_export import export_folder
     from draftsmith.export.formats import formats_for_kind
-    from draftsmith.export.gguf import convert_eagle3_to_gguf
+    from draftsmith.export.gguf import OUTTYPES, convert_to_gguf
     from draftsmith.export.out_folder import (
         CARD,
         check_base_model,
@@ -100,6 +119,9 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
                               f"(those llama.cpp serves) but {ckpt.folder} is a {ckpt.kind} "
                               "drafter; use --format "
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
+    if outtype not in OUTTYPES:
+        raise DraftsmithError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
+    name = gguf_name(get_spec(ckpt.kind).engine_methods["llama.cpp"])
     out = Path(out)
     check_out_folder(out, overwrite, source=ckpt.folder)
     if options.base_model:
@@ -110,13 +132,15 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
-        staged = export_folder(checkpoint, "eagle3", Path(scratch) / "eagle3", options=options)
-        convert_eagle3_to_gguf(staged, hf_dir, tmp / GGUF_NAME, log)
+        staged = export_folder(checkpoint, STAGED_FORMAT[ckpt.kind], Path(scratch) / "staged",
+                               options=options)
+        convert_to_gguf(staged, hf_dir, tmp / name, log, outtype)
     base = options.base_model or base_model_id(ckpt.meta.get("target"))
-    meta = {**ckpt.meta, "export": {"format": "gguf", "base_model": base, "file": GGUF_NAME}}
+    meta = {**ckpt.meta, "export": {"format": "gguf", "base_model": base, "file": name,
+                                    "outtype": outtype}}
     write_json(tmp / DRAFTER_CONFIG, meta)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-    (tmp / CARD).write_text(model_card(meta, GGUF_FORMAT, base, files, eval_payload))
+    (tmp / CARD).write_text(model_card(meta, gguf_format(ckpt.kind), base, files, eval_payload))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out

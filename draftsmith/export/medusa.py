@@ -146,7 +146,8 @@ def medusa_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
 
 
-def medusa_serving(base: str, drafter: str) -> list[ServingSection]:
+def medusa_serving(base: str, drafter: str, settings: dict | None = None
+             ) -> list[ServingSection]:
     """Model card serving sections of the Medusa layout."""
     return [ServingSection("vLLM / SGLang", note="Not from this folder: this is "
                            "FasterDecoding/Medusa's layout, loaded by its own code and by Text "

@@ -140,7 +140,8 @@ def mtp_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
 
 
-def mtp_serving(base: str, drafter: str) -> list[ServingSection]:
+def mtp_serving(base: str, drafter: str, settings: dict | None = None
+             ) -> list[ServingSection]:
     """Model card serving sections of the MTP layout."""
     return [ServingSection("vLLM / SGLang", note="Not from this folder: engines serve MTP modules "
                            "(`method: mtp` / NextN) only for targets with native MTP support "

@@ -22,6 +22,9 @@ class ExportOptions:
         dtype: cast floating tensors to `float32` / `bfloat16` / `float16`; None keeps them.
         skip_frozen: leave out the frozen copies of the target's embedding and head; engines and
             `load_exported` take them from the target instead (smaller upload).
+        include_frozen: `dflash` / `dflash-speculators`: also write those copies, which these
+            layouts leave out by default (z-lab, SpecForge and speculators ship none; vLLM
+            accepts them).
         allow_base_model_mismatch: accept a `base_model` Hub id other than the one the drafter
             was trained for (e.g. a quantized re-upload of it); its sizes are still checked.
     """
@@ -29,6 +32,7 @@ class ExportOptions:
     base_model: str | None = None
     dtype: str | None = None
     skip_frozen: bool = False
+    include_frozen: bool = False
     allow_base_model_mismatch: bool = False
 
 
@@ -43,8 +47,9 @@ class ExportedDrafter:
         state: tensors under the names of the draftsmith module; frozen copies may be absent.
         hidden_size, vocab_size: what the drafter was built for (vocab None when not recorded).
         draft_vocab_size: EAGLE-3 only.
-        aux_layer_ids: EAGLE-3 only: 0-based target layer outputs it fuses ([] = not recorded:
-            the default for the target is assumed).
+        aux_layer_ids: kinds that fuse target layers (EAGLE-3, DFlash, DSpark): the 0-based
+            target layer outputs it fuses ([] = not recorded: the default for the target is
+            assumed).
         mtp_first_layer: MTP only: the layer number of the first module in the file (N for the
             DeepSeek-V3 layout, 0 for SGLang's renumbered NextN layout).
         base_model: target the export names, if any.
@@ -113,7 +118,8 @@ class ExportFormat:
         read: (config.json dict, tensors, folder name for messages) -> ExportedDrafter.
         config_keys: (drafter read back, config.json) -> (key, value or MISSING, implied value)
             of every key its engines read (`export/config_keys.py`); checked on write and load.
-        serving: (base model, drafter folder) -> the engines' sections of its model card.
+        serving: (base model, drafter folder, the drafter's recorded settings) -> the engines'
+            sections of its model card (block drafters name their block size in the commands).
         library_name: the model card's `library_name` (what the Hub shows as its loader).
         is_folder: a folder layout with config.json (False: one converted file, e.g. GGUF).
     """
@@ -125,6 +131,6 @@ class ExportFormat:
     matches: Callable[[dict, set[str]], bool]
     read: Callable[[dict, dict[str, torch.Tensor], str], ExportedDrafter]
     config_keys: Callable[[ExportedDrafter, dict], list] = no_config_keys
-    serving: Callable[[str, str], list[ServingSection]] = lambda base, drafter: []
+    serving: Callable[[str, str, dict], list[ServingSection]] = lambda base, drafter, settings: []
     library_name: str = "draftsmith"
     is_folder: bool = True

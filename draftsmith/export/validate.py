@@ -16,14 +16,16 @@ from draftsmith.export.record import ExportedDrafter, ExportFormat
 from draftsmith.registry import get_spec
 
 
-def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool = True) -> None:
-    """EAGLE-3 aux layer ids: three 0-based layer outputs inside the target; for serving also
-    strictly increasing, because vLLM and SGLang capture each layer once, in layer order.
+def check_layer_ids(ids: list[int], num_layers: int, where: str, servable: bool = True,
+                    count: int | None = 3) -> None:
+    """Aux layer ids: `count` (EAGLE-3: three; None: any number) 0-based layer outputs inside the
+    target; for serving also strictly increasing, because vLLM and SGLang capture each layer
+    once, in layer order.
 
     Raises:
         DraftsmithError: naming the ids and the target's layer count.
     """
-    if len(ids) != 3:
+    if count is not None and len(ids) != count:
         raise DraftsmithError(f"{where}: EAGLE-3 fuses 3 target layers but the aux layer ids are "
                               f"{ids}")
     outside = [i for i in ids if not 0 <= i < num_layers]
@@ -66,7 +68,8 @@ def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str
             f"{where}: draft_vocab_size={drafter.draft_vocab_size} must be between 1 and the "
             f"target's vocab_size={vocab}")
     if get_spec(drafter.kind).reads_aux_layers and drafter.aux_layer_ids:
-        check_layer_ids(drafter.aux_layer_ids, layers, where, servable=False)
+        # the count is the reader's business (EAGLE-3: 3; block drafters: any)
+        check_layer_ids(drafter.aux_layer_ids, layers, where, servable=False, count=None)
     if drafter.mtp_first_layer is not None and drafter.mtp_first_layer not in (0, layers):
         raise DraftsmithError(
             f"{where}: the MTP modules are numbered from layer {drafter.mtp_first_layer} but the "

@@ -13,7 +13,7 @@ from draftsmith.export.record import ExportOptions
 def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
                    eval_json: str | Path | None = None,
                    options: ExportOptions | None = None, overwrite: bool = False,
-                   target_dir: str | Path | None = None) -> Path:
+                   target_dir: str | Path | None = None, outtype: str = "f32") -> Path:
     """Export a draftsmith drafter folder.
 
     Args:
@@ -25,6 +25,7 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
         overwrite: replace an existing earlier export at `out`.
         target_dir: `gguf` only: the target's Hugging Face folder for llama.cpp's converter
             (default: the training target's, when it is an offline model or a local folder).
+        outtype: `gguf` only: the draft's weight type (f32, f16, bf16, q8_0).
 
     Returns:
         The export folder.
@@ -35,5 +36,6 @@ def export_drafter(checkpoint: str | Path, fmt: str, out: str | Path,
             `--base-model` whose sizes differ from the training target's.
     """
     if fmt == "gguf":  # one converted file for llama.cpp, not a folder layout
-        return export_gguf(checkpoint, out, eval_json, options, overwrite, target_dir)
+        return export_gguf(checkpoint, out, eval_json, options, overwrite, target_dir,
+                           outtype=outtype)
     return export_folder(checkpoint, fmt, out, eval_json, options, overwrite)

@@ -1,10 +1,11 @@
-"""`draftsmith serve-check`: an EAGLE-3 export run by a real serving engine, checked.
+"""`draftsmith serve-check`: an EAGLE-3 or DFlash export run by a real serving engine, checked.
 
 llama.cpp: the export is converted to a draft GGUF with llama.cpp's own converter, then the engine
-serves the target's GGUF twice on loopback: plain, and with the draft (`draft-eagle3`, `draft_max`
-tokens a step). vLLM: the engine serves the target's Hugging Face folder twice, plain and with
-`--speculative-config {"method": "eagle3", "model": EXPORT_DIR, ...}` (the export as written, in
-either EAGLE-3 layout). The same prompts (rendered with the target's chat template, sent as token
+serves the target's GGUF twice on loopback: plain, and with the draft (`draft-eagle3` /
+`draft-dflash`, `draft_max` tokens a step: a DFlash block's block_size - 1). vLLM: the engine
+serves the target's Hugging Face folder twice, plain and with `--speculative-config {"method":
+"eagle3", "model": EXPORT_DIR, ...}` (the export as written; the method is the kind's in the
+registry's `engine_methods`). The same prompts (rendered with the target's chat template, sent as token
 ids) are decoded greedily by both runs. The check passes when every speculative answer equals the plain one token for
 token and the engine accepts more than `min_acceptance` of the draft tokens; acceptance ~0 in an
 engine is the field's common export failure (missing aux layer ids, wrong norms, skipped keys).
@@ -31,13 +32,17 @@ from draftsmith.engines.llama_cpp import DraftOptions, LlamaCppServer
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving import ENGINES
 
+DEFAULT_DRAFT_MAX = 3  # EAGLE-3's chain in the engine when --draft-max is not given
+
 
 @dataclass(frozen=True)
 class ServeCheckSettings:
     """What `serve-check` runs.
 
     Attributes:
-        draft_max: draft tokens per engine step (and the chain length of draftsmith's loop).
+        draft_max: draft tokens per engine step (and the chain length of draftsmith's loop); None
+            = the drafter's own: a block drafter's whole block (DFlash: block_size - 1, which
+            llama.cpp's and vLLM's DFlash draft), else `DEFAULT_DRAFT_MAX`.
         max_new_tokens: greedy tokens per prompt.
         min_acceptance: fail below this engine acceptance rate (accepted / drafted tokens).
         threads: engine CPU threads (None: every core this process may use).
@@ -45,7 +50,7 @@ class ServeCheckSettings:
         engine: `llama.cpp` or `vllm`.
     """
 
-    draft_max: int = 3
+    draft_max: int | None = None
     max_new_tokens: int = 128
     min_acceptance: float = 0.05
     threads: int | None = None
@@ -55,7 +60,7 @@ class ServeCheckSettings:
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise DraftsmithError(f"--engine {self.engine}: choose {', '.join(ENGINES)}")
-        if self.draft_max < 1:
+        if self.draft_max is not None and self.draft_max < 1:
             raise DraftsmithError(f"--draft-max {self.draft_max} must be >= 1")
         if self.max_new_tokens < 1:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")

@@ -39,14 +39,15 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
 def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
     """`draftsmith serve-check EXPORT_DIR --engine llama.cpp [--loop] ...`."""
     parser = subparsers.add_parser(
-        "serve-check", help="run an EAGLE-3 export in a real serving engine: greedy output equal to "
+        "serve-check", help="run an EAGLE-3 or DFlash export in a real serving engine: greedy output equal to "
         "the engine's plain decoding, the engine's own acceptance and tau",
         description="Converts the export to a llama.cpp draft GGUF (llama.cpp's own converter, "
         "the engine's version), serves the target's GGUF on loopback plain and with the draft, "
         "decodes the prompts greedily in both and reads the engine's counters. Exits non-zero "
         "when outputs differ or the engine accepts (almost) nothing.")
     parser.add_argument("export_dir", metavar="EXPORT_DIR",
-                        help="folder of `draftsmith export CKPT --format eagle3` (or speculators)")
+                        help="folder of `draftsmith export CKPT --format eagle3` (or speculators; "
+                        "DFlash: dflash or dflash-speculators)")
     parser.add_argument("--engine", default="llama.cpp", choices=ENGINES,
                         help="llama.cpp (the target's GGUF, the draft converted to GGUF) or vllm "
                         "(its CPU build, the target's folder, the export as written); each is "
@@ -56,8 +57,9 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--target-gguf", help="the target as GGUF for the engine (default: the "
                         "offline model's file)")
     add_prompt_arguments(parser, limit=2)
-    parser.add_argument("--draft-max", type=positive_int_arg, default=3,
-                        help="draft tokens per engine step (the loop's chain length too)")
+    parser.add_argument("--draft-max", type=positive_int_arg,
+                        help="draft tokens per engine step (the loop's chain length too; default "
+                        "3, and a DFlash export's whole block, block_size - 1)")
     parser.add_argument("--min-acceptance", type=float, default=0.05,
                         help="fail when the engine accepts fewer of the draft tokens than this")
     parser.add_argument("--threads", type=positive_int_arg,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
@@ -14,6 +15,7 @@ from draftsmith.engines.llama_cpp import DraftOptions, engine_record
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_json
 from draftsmith.serving.serve_check import (
+    DEFAULT_DRAFT_MAX,
     ServeCheckSettings,
     compare_outputs,
     engine_acceptance,
@@ -81,9 +83,9 @@ def require_export_folder(export_dir: Path) -> None:
                               "(`draftsmith export CKPT --format eagle3 --out DIR`)")
 
 
-def check_servable_export(export_dir: Path, target_dir: Path, engine: str) -> None:
-    """Raises DraftsmithError unless `export_dir` is an export of a kind `engine` serves
-    (`DrafterSpec.engine_methods`) that fits the target."""
+def check_servable_export(export_dir: Path, target_dir: Path, engine: str):
+    """The export read back (an `ExportedDrafter`); raises DraftsmithError unless it is of a kind
+    `engine` serves (`DrafterSpec.engine_methods`) and fits the target."""
     from draftsmith.export.cli import load_target_config
     from draftsmith.export.load import check_exported
     from draftsmith.registry import get_spec, served_by
@@ -93,13 +95,39 @@ def check_servable_export(export_dir: Path, target_dir: Path, engine: str) -> No
         raise DraftsmithError(f"{export_dir} is a {drafter.kind} drafter ({drafter.format} layout); "
                               f"serve-check runs in {engine} the exports of "
                               f"{' / '.join(served_by(engine))} drafters")
+    return drafter
+
+
+def draft_length(drafter, settings: ServeCheckSettings) -> ServeCheckSettings:
+    """`settings` with its draft length settled: a block drafter drafts its whole block in the
+    engines (llama.cpp's `draft-dflash` and vLLM's `dflash` both), so its loop chain is that block
+    too; other drafters take `--draft-max` or `DEFAULT_DRAFT_MAX`.
+
+    Raises:
+        DraftsmithError: a `--draft-max` other than a block drafter's block.
+    """
+    from draftsmith.registry import get_spec
+
+    shift = getattr(get_spec(drafter.kind).build, "label_shift", None)
+    block = drafter.settings.get("block_size")
+    if shift is None or block is None:
+        return replace(settings, draft_max=settings.draft_max or DEFAULT_DRAFT_MAX)
+    proposals = int(block) - 1 + shift
+    if settings.draft_max not in (None, proposals):
+        raise DraftsmithError(f"--draft-max {settings.draft_max}: this {drafter.kind} export "
+                              f"drafts its whole block, {proposals} tokens (block_size {block}), "
+                              "in the engine; drop --draft-max or pass that")
+    return replace(settings, draft_max=proposals)
 
 
 def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
     engine, loop = summary["engine_stats"], summary.get("draftsmith")
     same, total = summary["identical"]
+    from draftsmith.registry import get_spec
+
+    title = get_spec(summary.get("kind", "eagle3")).title
     log(f"serve-check {summary['engine']} {summary['version']}: {summary['target']}, "
-        f"EAGLE-3 x {summary['draft_max']}, {total} prompts x {summary['max_new_tokens']} tokens")
+        f"{title} x {summary['draft_max']}, {total} prompts x {summary['max_new_tokens']} tokens")
     rows = [("identical greedy outputs", f"{same}/{total}", ""),
             ("tau (tokens per target step)", f"{engine['tau']:.2f}",
              f"{loop['tau']:.2f}" if loop else "-"),
@@ -133,6 +161,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
             written first in the last case.
     """
     from draftsmith.precision import hardware_record
+    from draftsmith.registry import get_spec
     from draftsmith.target import load_tokenizer
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
@@ -141,13 +170,16 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     require_export_folder(export_dir)
     gguf, target_dir, gguf_record = checked or check_targets(target, target_gguf,
                                                              settings.engine, log)
-    check_servable_export(export_dir, target_dir, settings.engine)
+    drafter = check_servable_export(export_dir, target_dir, settings.engine)
+    settings = draft_length(drafter, settings)
+    method = get_spec(drafter.kind).engine_methods[settings.engine]
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
     if settings.engine == "vllm":
-        plain, spec, served = _run_vllm(export_dir, target_dir, ids, settings, out_dir, log)
+        plain, spec, served = _run_vllm(export_dir, target_dir, ids, settings, method, out_dir,
+                                        log)
     else:
-        plain, spec, served = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
+        plain, spec, served = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings, method,
                                              out_dir, log)
         served.update(gguf_record)
     engine = engine_acceptance(spec, settings.draft_max, served.pop("metric_prefix"))
@@ -156,7 +188,8 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     engine["speedup"] = round(spec.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
     records = compare_outputs(prompts, plain, spec)
     summary = {
-        **served, "target": target, "export_dir": str(export_dir),
+        **served, "target": target, "export_dir": str(export_dir), "kind": drafter.kind,
+        "export_format": drafter.format,
         "draft_max": settings.draft_max, "max_new_tokens": settings.max_new_tokens,
         "prompts": len(prompts), "prompt_sets": sorted({p.set_name for p in prompts}),
         "identical": [sum(r["identical"] for r in records), len(records)],
@@ -180,14 +213,16 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
 
 
 def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
-                   settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
-    """(plain run, speculative run, what served them) in llama.cpp with the converted draft."""
-    from draftsmith.export.gguf import convert_eagle3_to_gguf
+                   settings: ServeCheckSettings, spec_type: str, out_dir: Path, log) -> tuple:
+    """(plain run, speculative run, what served them) in llama.cpp with the converted draft
+    under `--spec-type spec_type`."""
+    from draftsmith.export.gguf import convert_to_gguf
 
-    draft_gguf = convert_eagle3_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
+    draft_gguf = convert_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
     plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
-    draft = DraftOptions(draft_gguf, draft_max=settings.draft_max)
-    spec = run_engine(gguf, ids, settings, out_dir / "engine_eagle3.log", draft, log)
+    draft = DraftOptions(draft_gguf, spec_type=spec_type, draft_max=settings.draft_max)
+    spec = run_engine(gguf, ids, settings,
+                      out_dir / f"engine_{spec_type.removeprefix('draft-')}.log", draft, log)
     record = engine_record()
     return plain, spec, {"engine": record["engine"], "version": record["version"],
                          "target_gguf": str(gguf), "draft_gguf": str(draft_gguf),
@@ -195,8 +230,9 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
 
 
 def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
-              settings: ServeCheckSettings, out_dir: Path, log) -> tuple:
-    """(plain run, speculative run, what served them) in vLLM with the export as written."""
+              settings: ServeCheckSettings, method: str, out_dir: Path, log) -> tuple:
+    """(plain run, speculative run, what served them) in vLLM with the export as written, under
+    speculative `method`."""
     from draftsmith.engines import vllm
     from draftsmith.export.cli import load_target_config
     from draftsmith.precision import choose_dtype
@@ -205,11 +241,11 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
     choice = choose_dtype("auto", "cpu", config.hidden_size,
                           getattr(config, "intermediate_size", None))
     log(f"vLLM dtype: {choice.dtype} ({choice.reason})")
-    speculative = {"method": "eagle3", "model": str(export_dir.resolve()),
+    speculative = {"method": method, "model": str(export_dir.resolve()),
                    "num_speculative_tokens": settings.draft_max}
     plain = run_vllm(target_dir, ids, settings, out_dir / "engine_plain.log", log=log,
                      dtype=choice.dtype)
-    spec = run_vllm(target_dir, ids, settings, out_dir / "engine_eagle3.log", speculative, log,
+    spec = run_vllm(target_dir, ids, settings, out_dir / f"engine_{method}.log", speculative, log,
                     dtype=choice.dtype)
     record = vllm.engine_record()
     return plain, spec, {"engine": record["engine"], "version": record["version"],

@@ -25,10 +25,13 @@ SETTINGS = {
     "eagle1": {},
     "medusa": {"num_heads": 3, "num_layers": 1},
     "mtp": {"num_modules": 2},
+    "dflash": {"block_size": 4, "num_layers": 2},
+    "dspark": {"block_size": 3, "num_layers": 2, "markov_rank": 8},
 }
 # Export formats per drafter kind.
 KIND_OF_FORMAT = {"eagle3": "eagle3", "speculators": "eagle3", "eagle": "eagle1",
-                  "medusa": "medusa", "mtp": "mtp"}
+                  "medusa": "medusa", "mtp": "mtp", "dflash": "dflash",
+                  "dflash-speculators": "dflash", "dspark": "dspark"}
 
 
 def build_drafter(kind: str, target, settings: dict | None = None) -> torch.nn.Module:
@@ -45,6 +48,8 @@ def build_drafter(kind: str, target, settings: dict | None = None) -> torch.nn.M
         t2d[used] = True
         module.set_draft_vocab(used - torch.arange(draft), t2d)
     module.init_from_target(target)
+    if hasattr(module, "markov_head"):  # DSpark's W2 starts at zero: give the round trip a bias
+        torch.nn.init.normal_(module.markov_head.markov_w2.weight, std=0.5)
     for param in module.parameters():
         if param.requires_grad and param.dim() == 2:
             param.data *= 4
@@ -59,13 +64,15 @@ def write_checkpoint(folder: Path, kind: str, module: torch.nn.Module, target,
     tensors = {k: v.contiguous() for k, v in module.state_dict().items()
                if not k.startswith("rotary.")}
     save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
-    config = asdict(get_spec(kind).make_config(settings))
+    spec = get_spec(kind)
+    config = asdict(spec.make_config(settings))
     meta = {
         "kind": kind,
         "drafter_config": config,
         "target": TARGET_NAME,
         "target_config": target.config.to_dict(),
-        "aux_layers": list(getattr(module, "layer_ids", [])),
+        "aux_layers": list(spec.aux_layers(target.config.num_hidden_layers,
+                                           spec.make_config(settings))),
         "training_steps": training_steps,
         "num_processes": 1,
         "lora": False,

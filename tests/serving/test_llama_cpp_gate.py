@@ -1,7 +1,8 @@
 """The engine gate on the real SmolLM2-135M: an EAGLE-3 drafter overfit on one answer, exported,
 converted to GGUF by llama.cpp's own converter and served by llama.cpp's server (real processes,
 real HTTP on loopback) must reproduce the engine's plain greedy output and have its drafts
-accepted, a full draft block included; an untrained drafter must fail the check loudly."""
+accepted, a full draft block included; an untrained drafter must fail the check loudly. The same
+holds for an overfit DFlash drafter (`draft-dflash`, the whole block as the draft length)."""
 
 import json
 
@@ -11,14 +12,14 @@ from draftsmith.cli import main
 from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.engines.engine_requests import complete_greedy
 from draftsmith.engines.llama_cpp import LlamaCppServer
-from draftsmith.export.gguf import gguf_target_layers
+from draftsmith.export.gguf import gguf_fields, gguf_target_layers
 from draftsmith.export.write import export_drafter
 from draftsmith.offline_models import gguf_path
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target import load_target
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.state import require_offline_model
-from tests.serving.overfit import overfit_eagle3
+from tests.serving.overfit import overfit_dflash, overfit_eagle3
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 NAME = "smollm2-135m-instruct"
@@ -27,6 +28,11 @@ DRAFT_MAX = 3
 # An overfit drafter's answer is memorised; through a faithful export the engine accepts most of
 # it. A lost layer id, norm or d2t mapping drops this to ~0 (the untrained drafter's level).
 ACCEPTANCE_FLOOR = 0.5
+# DFlash drafts the whole block from one forward, so a miss early in it loses the rest: measured
+# 48% on this gate (13 of 27 draft tokens; position 3 accepted in a third of the blocks) where
+# the untrained drafter gets ~5%. The engine's Q4_1 target moves the features the drafter was
+# overfit on (float32), so the engine accepts less than the memorised answer would suggest.
+DFLASH_ACCEPTANCE_FLOOR = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +49,19 @@ def serve_check(tmp_path, export, prompt_file, *extra) -> tuple[int, dict]:
     return code, json.loads((out / "serve_check.json").read_text())
 
 
-def test_overfit_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
+def engine_answer(smollm, tmp_path) -> tuple:
+    """(prompt file, its prompt's token ids, the engine's plain greedy answer)."""
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("Write a short poem about the sea.\n")
     prompt = prompt_token_ids(smollm.tokenizer, load_prompt_file(prompt_file))[0]
     with LlamaCppServer(gguf_path(NAME), parallel=1, ctx_per_slot=256,
                         log_path=tmp_path / "plain.log") as server:
         answer = complete_greedy(server.root_url, prompt, NEW_TOKENS).tokens
+    return prompt_file, prompt, answer
+
+
+def test_overfit_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
+    prompt_file, prompt, answer = engine_answer(smollm, tmp_path)
     checkpoint = overfit_eagle3(smollm.model, prompt + answer, len(prompt), tmp_path / "drafter")
     export = export_drafter(checkpoint, "eagle3", tmp_path / "export")
 
@@ -63,6 +75,26 @@ def test_overfit_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
     assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full draft block accepted"
     assert engine["tau"] > 1.5
     assert result["hardware"]["cpu"]
+
+
+def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
+    prompt_file, prompt, answer = engine_answer(smollm, tmp_path)
+    checkpoint = overfit_dflash(smollm.model, prompt + answer, len(prompt), tmp_path / "drafter",
+                                block_size=DRAFT_MAX + 1)
+    export = export_drafter(checkpoint, "dflash", tmp_path / "export")
+
+    code, result = serve_check(tmp_path, export, prompt_file)  # --draft-max 3: the whole block
+
+    assert code == 0
+    assert result["identical"] == [1, 1]
+    assert result["kind"] == "dflash" and result["spec_type"] == "draft-dflash"
+    fields = gguf_fields(tmp_path / "serve_check" / "draft.gguf")
+    assert fields["dflash.target_layers"] == [2, 28]  # layer inputs of outputs [1, 27]
+    assert fields["dflash.block_size"] == DRAFT_MAX + 1
+    engine = result["engine_stats"]
+    assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
+    assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
+    assert engine["tau"] > 1.5
 
 
 def test_untrained_drafter_fails_the_check(smollm, tmp_path, capsys):

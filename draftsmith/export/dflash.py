@@ -1,0 +1,395 @@
+"""DFlash and DSpark block drafters in the three layouts serving engines load.
+
+`dflash` (native "z-lab" layout; vLLM `method: dflash`, SGLang `DFLASH`, llama.cpp's converter):
+`config.json` of a Qwen3 body (`architectures: ["DFlashDraftModel"]`, `model_type: "qwen3"`, the
+draft's `num_hidden_layers`, the target's vocab and `rope_theta`), `block_size` at the top level
+AND in `dflash_config` (z-lab's code and llama.cpp's converter read the top level, SGLang and vLLM
+both), `dflash_config.{mask_token_id, target_layer_ids}` always written (llama.cpp's fallback
+layer rule differs from z-lab's), `num_target_layers`. The ids are 0-based layer OUTPUTS
+(`hidden_states[i + 1]`, z-lab's numbering; vLLM and llama.cpp add 1 themselves). Weights without
+prefix: `fc`, `hidden_norm`, `norm`, `layers.{i}.*`; the target's `embed_tokens` / `lm_head` only
+when asked (`ExportOptions.include_frozen`), as z-lab, SpecForge and Model Optimizer ship none.
+
+`dflash-speculators` (vllm-project/speculators): `architectures: ["DFlashSpeculator"]`,
+`speculators_model_type: "dflash"`, `transformer_layer_config` (the Qwen3 body),
+`aux_hidden_state_layer_ids` = the z-lab ids + 1 (vLLM's `update_dflash` subtracts 1),
+`block_size`, `mask_token_id`, `sample_from_anchor: false`, `speculators_config` with
+`speculative_tokens = block_size - 1`. Same weights (speculators saves neither the embedding nor,
+for a full draft vocabulary, the head).
+
+`dspark` (deepseek-ai/DeepSpec `save_pretrained`; vLLM `method: dspark`): `architectures:
+["Qwen3DSparkModel"]` with the Qwen3 body and top-level `block_size, mask_token_id,
+target_layer_ids, num_target_layers, markov_rank, markov_head_type: "vanilla",
+enable_confidence_head, confidence_head_with_markov, sample_from_anchor: true` (row k predicts
+anchor + k + 1: B proposals a block); weights as DFlash's plus `markov_head.markov_w{1,2}.weight`,
+`confidence_head.proj.{weight,bias}`, and (DeepSpec ships them) `embed_tokens` / `lm_head`.
+
+See ../shared/REFERENCE.md sections 7.1.4 and 7.2.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.config_keys import MISSING, layer_keys, rows
+from draftsmith.export.record import (
+    ExportedDrafter,
+    ExportOptions,
+    ServingSection,
+    vllm_command,
+)
+from draftsmith.export.source import (
+    DraftsmithCheckpoint,
+    base_model_id,
+    cast_floats,
+    float_dtype_name,
+    llama_layer_dict,
+    require_shape,
+)
+from draftsmith.export.weights import write_weights
+from draftsmith.models.dflash import check_block_layer_ids, dflash_layer_ids, resolve_mask_token
+
+WEIGHTS_FILE = "model.safetensors"
+BODY_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.")
+FROZEN_PREFIXES = ("embed_tokens.", "lm_head.")
+DSPARK_PREFIXES = ("markov_head.", "confidence_head.")
+LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def block_settings(ckpt: DraftsmithCheckpoint) -> dict:
+    """The checkpoint's block settings with the recipe's defaults resolved for its target:
+    block_size, num_layers, target_layer_ids (0-based layer outputs), mask_token_id."""
+    cfg = ckpt.meta.get("drafter_config") or {}
+    target = ckpt.target_config
+    layers = target.num_hidden_layers
+    ids = ckpt.aux_layers() or list(cfg.get("target_layer_ids") or dflash_layer_ids(
+        layers, cfg.get("num_layers", 5)))
+    try:
+        check_block_layer_ids(ids, layers)
+    except DraftsmithError as err:
+        raise DraftsmithError(f"{ckpt.folder}: {err}") from err
+    return {"block_size": int(cfg["block_size"]), "num_layers": int(cfg["num_layers"]),
+            "target_layer_ids": [int(i) for i in ids],
+            "mask_token_id": resolve_mask_token(target, cfg.get("mask_token_id"))}
+
+
+def qwen3_body(ckpt: DraftsmithCheckpoint, num_layers: int, dtype: str) -> dict:
+    """The Qwen3 config keys of the draft layers: the target's shapes, RoPE and norm eps."""
+    body = llama_layer_dict(ckpt.layer_config(), ckpt.target_config.vocab_size, dtype)
+    body.pop("mlp_bias")
+    return {**body, "model_type": "qwen3", "num_hidden_layers": num_layers,
+            "layer_types": ["full_attention"] * num_layers, "use_sliding_window": False,
+            "sliding_window": None, "max_window_layers": num_layers}
+
+
+def _drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[str, ...],
+                     frozen: bool, dtype: str | None) -> dict[str, torch.Tensor]:
+    """The checkpoint's block-drafter tensors, shape-checked against its recorded config."""
+    where = f"{ckpt.folder}"
+    tensors = {k: v for k, v in ckpt.tensors.items() if not k.startswith("rotary.")}
+    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
+    unknown = [k for k in tensors if not k.startswith(known)]
+    if unknown:
+        raise DraftsmithError(f"{where}: unexpected tensors for a {ckpt.kind} drafter: "
+                              f"{unknown[:5]}")
+    hidden = ckpt.layer_config().hidden_size
+    require_shape(tensors, "fc.weight", (hidden, len(settings["target_layer_ids"]) * hidden),
+                  where)
+    if layer_count(tensors) != settings["num_layers"]:
+        raise DraftsmithError(f"{where}: {layer_count(tensors)} draft layers in the weights but "
+                              f"num_layers={settings['num_layers']} in the recorded config")
+    if not frozen:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(FROZEN_PREFIXES)}
+    return cast_floats(tensors, dtype)
+
+
+def layer_count(tensors: dict) -> int:
+    """Draft decoder layers in `layers.{i}.*` tensor names."""
+    found = {int(m.group(1)) for name in tensors if (m := LAYER.match(name))}
+    return max(found) + 1 if found else 0
+
+
+def write_dflash(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
+    """Write the native z-lab layout; returns the config written to config.json."""
+    settings = block_settings(ckpt)
+    tensors = _drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
+                               opts.dtype)
+    dtype = float_dtype_name(tensors)
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        **qwen3_body(ckpt, settings["num_layers"], dtype),
+        "block_size": settings["block_size"],
+        "num_target_layers": ckpt.target_config.num_hidden_layers,
+        "target_hidden_size": ckpt.layer_config().hidden_size,
+        "dflash_config": {"block_size": settings["block_size"],
+                          "mask_token_id": settings["mask_token_id"],
+                          "target_layer_ids": settings["target_layer_ids"]},
+    }
+    write_weights(tensors, out / WEIGHTS_FILE)
+    return config
+
+
+def write_dflash_speculators(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
+    """Write the speculators layout; returns the config written to config.json."""
+    settings = block_settings(ckpt)
+    tensors = _drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
+                               opts.dtype)
+    target = ckpt.target_config
+    dtype = float_dtype_name(tensors)
+    verifier = opts.base_model or base_model_id(ckpt.meta.get("target"))
+    config = {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": qwen3_body(ckpt, settings["num_layers"], dtype),
+        "draft_vocab_size": target.vocab_size,
+        "block_size": settings["block_size"],
+        "target_hidden_size": ckpt.layer_config().hidden_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in settings["target_layer_ids"]],
+        "mask_token_id": settings["mask_token_id"],
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,
+        "projector_type": "dflash",
+        "speculators_config": {
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": settings["block_size"] - 1,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier,
+                         "architectures": list(getattr(target, "architectures", None) or [])},
+        },
+        "torch_dtype": dtype,
+    }
+    write_weights(tensors, out / WEIGHTS_FILE)
+    return config
+
+
+def write_dspark(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
+    """Write DeepSpec's DSpark layout; returns the config written to config.json."""
+    settings = block_settings(ckpt)
+    tensors = _drafter_tensors(ckpt, settings, DSPARK_PREFIXES, not opts.skip_frozen, opts.dtype)
+    rank = (ckpt.meta.get("drafter_config") or {}).get("markov_rank")
+    vocab = ckpt.target_config.vocab_size
+    require_shape(tensors, "markov_head.markov_w1.weight", (vocab, rank), f"{ckpt.folder}")
+    config = {
+        "architectures": ["Qwen3DSparkModel"],
+        **qwen3_body(ckpt, settings["num_layers"], float_dtype_name(tensors)),
+        "block_size": settings["block_size"],
+        "mask_token_id": settings["mask_token_id"],
+        "target_layer_ids": settings["target_layer_ids"],
+        "num_target_layers": ckpt.target_config.num_hidden_layers,
+        "target_hidden_size": ckpt.layer_config().hidden_size,
+        "num_anchors": (ckpt.meta.get("drafter_config") or {}).get("anchors_per_sequence"),
+        "markov_rank": rank,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": True,
+        "sample_from_anchor": True,
+    }
+    write_weights(tensors, out / WEIGHTS_FILE)
+    return config
+
+
+def matches_dflash(config: dict, names: set[str]) -> bool:
+    return "speculators_model_type" not in config and "DFlashDraftModel" in (
+        config.get("architectures") or [])
+
+
+def matches_dflash_speculators(config: dict, names: set[str]) -> bool:
+    return config.get("speculators_model_type") == "dflash"
+
+
+def matches_dspark(config: dict, names: set[str]) -> bool:
+    archs = config.get("architectures") or []
+    return "speculators_model_type" not in config and (
+        any("DSpark" in a for a in archs) or any(n.startswith("markov_head.") for n in names))
+
+
+def _refuse_variants(body: dict, config: dict, where: str) -> None:
+    """What draftsmith's block layers do not implement: causal or sliding attention, biases."""
+    flags = config.get("dflash_config") or {}
+    if body.get("is_causal") or config.get("is_causal") or flags.get("causal"):
+        raise DraftsmithError(f"{where}: a causal DFlash variant; draftsmith's block attention is "
+                              "bidirectional inside the block")
+    if body.get("use_sliding_window") or "sliding_attention" in (body.get("layer_types") or []) \
+            or flags.get("use_swa"):
+        raise DraftsmithError(f"{where}: sliding-window draft layers are not supported by "
+                              "draftsmith's block drafters (full attention only)")
+    if body.get("attention_bias"):
+        raise DraftsmithError(f"{where}: attention_bias=true is not supported (draftsmith's draft "
+                              "layers have no projection biases)")
+
+
+def _read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config: dict,
+                tensors: dict, settings: dict, base_model: str | None, where: str
+                ) -> ExportedDrafter:
+    """The shared checks and settings of the three layouts (`extra`: DSpark's head prefixes)."""
+    _refuse_variants(body, config, where)
+    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
+    unknown = [k for k in tensors if not k.startswith(known)]
+    if unknown:
+        hint = (" (a reduced draft vocabulary, d2t / t2d, is not supported by draftsmith's block "
+                "drafters)" if {"d2t", "t2d"} & set(unknown) else "")
+        raise DraftsmithError(f"{where}: tensors draftsmith's {kind} drafter does not have: "
+                              f"{unknown[:5]}{hint}")
+    if "fc.weight" not in tensors:
+        raise DraftsmithError(f"{where}: fc.weight is missing")
+    hidden = body.get("hidden_size") or tensors["fc.weight"].shape[0]
+    target_hidden = config.get("target_hidden_size") or hidden
+    if target_hidden != hidden:
+        raise DraftsmithError(f"{where}: target_hidden_size={target_hidden} differs from the "
+                              f"drafter's hidden_size={hidden}; draftsmith's block drafters need "
+                              "them equal")
+    ids = settings.get("target_layer_ids")
+    if not ids:
+        raise DraftsmithError(f"{where}: config.json records no target layer ids; engines would "
+                              "guess them with differing rules, so draftsmith refuses to")
+    if settings.get("block_size") is None:
+        raise DraftsmithError(f"{where}: config.json records no block_size")
+    settings["num_layers"] = body.get("num_hidden_layers") or layer_count(tensors)
+    return ExportedDrafter(format=fmt, kind=kind, settings=settings, state=dict(tensors),
+                           hidden_size=hidden, vocab_size=body.get("vocab_size"),
+                           aux_layer_ids=list(ids), base_model=base_model)
+
+
+def read_dflash(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
+                ) -> ExportedDrafter:
+    """Native z-lab layout -> draftsmith DFlash names (already the same)."""
+    flags = config.get("dflash_config") or {}
+    settings = {"block_size": flags.get("block_size", config.get("block_size")),
+                "target_layer_ids": flags.get("target_layer_ids", config.get("target_layer_ids")),
+                "mask_token_id": flags.get("mask_token_id", config.get("mask_token_id"))}
+    return _read_block("dflash", "dflash", (), config, config, tensors, settings, None, where)
+
+
+def read_dflash_speculators(config: dict, tensors: dict[str, torch.Tensor],
+                            where: str = "export") -> ExportedDrafter:
+    """speculators layout -> draftsmith DFlash names (the aux ids minus 1)."""
+    if config.get("sample_from_anchor"):
+        raise DraftsmithError(f"{where}: sample_from_anchor=true (row k predicts anchor + k + 1) "
+                              "is DSpark's layout; draftsmith's DFlash predicts anchor + k")
+    if config.get("projector_type", "dflash") != "dflash":
+        raise DraftsmithError(f"{where}: projector_type={config['projector_type']!r} is not "
+                              "supported (draftsmith's DFlash is the plain `dflash` projector)")
+    aux = config.get("aux_hidden_state_layer_ids") or []
+    settings = {"block_size": config.get("block_size"),
+                "target_layer_ids": [i - 1 for i in aux],
+                "mask_token_id": config.get("mask_token_id")}
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    body = config.get("transformer_layer_config") or {}
+    return _read_block("dflash-speculators", "dflash", (), body, config, tensors, settings,
+                       verifier, where)
+
+
+def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
+                ) -> ExportedDrafter:
+    """DeepSpec's DSpark layout -> draftsmith DSpark names (already the same)."""
+    if config.get("markov_head_type", "vanilla") != "vanilla":
+        raise DraftsmithError(f"{where}: markov_head_type={config['markov_head_type']!r}; "
+                              "draftsmith's DSpark has the `vanilla` Markov head only")
+    if not config.get("sample_from_anchor", True):
+        raise DraftsmithError(f"{where}: sample_from_anchor=false; draftsmith's DSpark predicts "
+                              "anchor + k + 1 at row k (DeepSpec's layout)")
+    if config.get("enable_confidence_head") is False:
+        raise DraftsmithError(f"{where}: enable_confidence_head=false; draftsmith's DSpark has a "
+                              "confidence head")
+    settings = {"block_size": config.get("block_size"),
+                "target_layer_ids": config.get("target_layer_ids"),
+                "mask_token_id": config.get("mask_token_id")}
+    w1 = tensors.get("markov_head.markov_w1.weight")
+    settings["markov_rank"] = config.get("markov_rank") or (int(w1.shape[1]) if w1 is not None
+                                                              else None)
+    return _read_block("dspark", "dspark", DSPARK_PREFIXES, config, config, tensors, settings,
+                       None, where)
+
+
+def _body_keys(drafter: ExportedDrafter, body: dict, where: str) -> list:
+    state = drafter.state
+    implied = {"hidden_size": rows(state, "fc.weight"),
+               "vocab_size": rows(state, "embed_tokens.weight"),
+               "num_hidden_layers": layer_count(state),
+               **layer_keys(body, state, "layers.0."), "head_dim": None, "rope_theta": None}
+    return [(where + k, body.get(k, MISSING), v) for k, v in implied.items()]
+
+
+def _ids_implied(drafter: ExportedDrafter) -> int | None:
+    fc = drafter.state.get("fc.weight")
+    return None if fc is None else fc.shape[1] // fc.shape[0]
+
+
+def dflash_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys vLLM, SGLang and llama.cpp read from the native layout."""
+    flags = config.get("dflash_config") or {}
+    ids = flags.get("target_layer_ids", MISSING)
+    return [*_body_keys(drafter, config, ""),
+            ("block_size", config.get("block_size", MISSING), drafter.settings["block_size"]),
+            ("dflash_config.block_size", flags.get("block_size", MISSING),
+             drafter.settings["block_size"]),
+            ("dflash_config.mask_token_id", flags.get("mask_token_id", MISSING), None),
+            ("dflash_config.target_layer_ids (count)",
+             MISSING if ids is MISSING else len(ids), _ids_implied(drafter)),
+            ("num_target_layers", config.get("num_target_layers", MISSING), None)]
+
+
+def dflash_speculators_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys vLLM reads from the speculators layout."""
+    body = config.get("transformer_layer_config") or {}
+    ids = config.get("aux_hidden_state_layer_ids", MISSING)
+    spec = config.get("speculators_config") or {}
+    methods = spec.get("proposal_methods") or [{}]
+    block = drafter.settings["block_size"]
+    return [*_body_keys(drafter, body, "transformer_layer_config."),
+            ("block_size", config.get("block_size", MISSING), block),
+            ("mask_token_id", config.get("mask_token_id", MISSING), None),
+            ("aux_hidden_state_layer_ids (count)", MISSING if ids is MISSING else len(ids),
+             _ids_implied(drafter)),
+            ("speculators_config.proposal_methods[0].speculative_tokens",
+             methods[0].get("speculative_tokens", MISSING), block - 1),
+            ("speculators_config.verifier.name_or_path",
+             (spec.get("verifier") or {}).get("name_or_path", MISSING), None)]
+
+
+def dspark_config_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """config.json keys vLLM reads from DeepSpec's layout."""
+    ids = config.get("target_layer_ids", MISSING)
+    w1 = drafter.state.get("markov_head.markov_w1.weight")
+    return [*_body_keys(drafter, config, ""),
+            ("block_size", config.get("block_size", MISSING), drafter.settings["block_size"]),
+            ("mask_token_id", config.get("mask_token_id", MISSING), None),
+            ("target_layer_ids (count)", MISSING if ids is MISSING else len(ids),
+             _ids_implied(drafter)),
+            ("markov_rank", config.get("markov_rank", MISSING),
+             None if w1 is None else int(w1.shape[1])),
+            ("sample_from_anchor", config.get("sample_from_anchor", MISSING), True)]
+
+
+def _proposals(settings: dict, shift: int) -> int:
+    return int(settings.get("block_size") or 16) - 1 + shift
+
+
+def dflash_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
+    """Model card serving sections of the native layout."""
+    block = _proposals(settings, 1)
+    return [vllm_command(base, drafter, "dflash", block - 1),
+            ServingSection("SGLang", (
+                f"python -m sglang.launch_server --model-path {base} \\",
+                f"  --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} \\",
+                f"  --speculative-num-draft-tokens {block}")),
+            ServingSection("llama.cpp", note="Not from this folder: `draftsmith export CKPT "
+                           "--format gguf` converts the drafter with llama.cpp's own converter "
+                           "(`--spec-type draft-dflash`).")]
+
+
+def dflash_speculators_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
+    """Model card serving sections of the speculators layout."""
+    return [vllm_command(base, drafter, "dflash", _proposals(settings, 0)),
+            ServingSection("SGLang", note="Not from this folder: export with `--format dflash` "
+                           "for SGLang.")]
+
+
+def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
+    """Model card serving sections of DeepSpec's layout."""
+    return [vllm_command(base, drafter, "dspark", _proposals(settings, 1))]
