@@ -34,7 +34,7 @@ def checkpoints(tmp_path):
 def test_llama_cpp_refuses_eagle31_and_vllm_takes_it(checkpoints, tiny_folder, tmp_path):
     for name in ("eagle3.1", "fc_norm", "norm_output"):
         export = export_drafter(checkpoints[name], "eagle3", tmp_path / f"export-{name}")
-        with pytest.raises(DraftsmithError, match="EAGLE-3.1 .* is not served by llama.cpp") as err:
+        with pytest.raises(DraftsmithError, match=r"EAGLE-3\.1 .* is not served by llama\.cpp") as err:
             check_servable_export(export, tiny_folder, "llama.cpp")
         assert "--engine vllm" in str(err.value) and "SGLang" in str(err.value)
         check_servable_export(export, tiny_folder, "vllm")
@@ -43,6 +43,6 @@ def test_llama_cpp_refuses_eagle31_and_vllm_takes_it(checkpoints, tiny_folder, t
 
 
 def test_gguf_export_refuses_eagle31_before_converting(checkpoints, tmp_path):
-    with pytest.raises(DraftsmithError, match="--format gguf: .* not served by llama.cpp"):
+    with pytest.raises(DraftsmithError, match=r"--format gguf: .* not served by llama\.cpp"):
         export_gguf(checkpoints["eagle3.1"], tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
