@@ -165,7 +165,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     model = LossModule(drafter, spec, target, aux_layers, joint)
     # Medusa-2: the backbone's adapters learn 4x slower than the heads
     optimizer = build_optimizer(drafter, cfg, [p for p in target.parameters() if p.requires_grad]
-                                if joint else None)
+                                if joint else None, sharded=accelerator.distributed_type == "FSDP")
     schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps, cfg.schedule, cfg.decay_fraction)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -70,15 +70,24 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._link()
 
 
-def build_optimizer(drafter: nn.Module, cfg, joint_params: list[nn.Parameter] | None = None
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(drafter: nn.Module, cfg, joint_params: list[nn.Parameter] | None = None,
+                    sharded: bool = False) -> torch.optim.Optimizer:
     """The optimizer of a run.
 
     Args:
         drafter: the drafter module (its trainable parameters, by name).
         cfg: the recipe's `train` section (`optimizer`, `lr`, `muon_lr`, `weight_decay`).
         joint_params: a jointly trained target's adapters (Medusa-2), at lr / 4 under AdamW.
+        sharded: the run shards parameters (FSDP), so no process holds a whole matrix.
+
+    Raises:
+        DraftsmithError: Muon on sharded parameters.
     """
+    if cfg.optimizer == "muon" and sharded:
+        raise DraftsmithError("train.optimizer=muon orthogonalises whole weight matrices, which "
+                              "FSDP shards across processes; launch with DDP "
+                              "(recipes/accelerate/ddp.yaml: a drafter fits on every device) or "
+                              "set train.optimizer=adamw")
     adamw_groups = []
     trained = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
     matrices = [p for n, p in trained if takes_muon(n, p)] if cfg.optimizer == "muon" else []

@@ -78,6 +78,8 @@ def test_bad_optimizer_settings_are_refused():
         build_recipe({"drafter": {"kind": "eagle3"}, "train": {"optimizer": "sgd"}})
     with pytest.raises(DraftsmithError, match=r"train\.muon_lr=0"):
         build_recipe({"drafter": {"kind": "eagle3"}, "train": {"muon_lr": 0}})
+    with pytest.raises(DraftsmithError, match="FSDP shards across processes; launch with DDP"):
+        build_optimizer(_eagle3(), TrainSection(optimizer="muon"), sharded=True)
 
 
 @pytest.mark.parametrize("kind, settings", training_cases())
