@@ -82,9 +82,9 @@ class Eagle3Config:
             (soft cross-entropy, default), tv, lk, ce or a mixture such as {ce: 0.1, tv: 0.9}
             (see models/losses.py).
         position_weights: `geometric` (step_weight ** j, default), `decay` (exp(-j /
-            position_gamma)) or `dpace` (D-PACE, per position from the draft's probability of
+            decay_gamma)) or `dpace` (D-PACE, per position from the draft's probability of
             the target's choice at every step).
-        position_gamma: gamma of `decay`.
+        decay_gamma: gamma of `decay`.
     """
 
     draft_vocab_size: int = 32000
@@ -95,7 +95,7 @@ class Eagle3Config:
     norm_output: bool = False
     loss: str | dict = "kl"
     position_weights: str = "geometric"
-    position_gamma: float = 4.0
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
         if self.draft_vocab_size < 1:
@@ -103,7 +103,7 @@ class Eagle3Config:
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
         parse_loss(self.loss)
-        check_position_weights(self.position_weights, self.position_gamma)
+        check_position_weights(self.position_weights, self.decay_gamma)
 
     @property
     def eagle31(self) -> bool:
@@ -313,7 +313,7 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
     cache: list[KV] = []
     weights = [cfg.step_weight ** j for j in range(cfg.ttt_steps)] \
-        if cfg.position_weights == "geometric" else decay_weights(cfg.ttt_steps, cfg.position_gamma)
+        if cfg.position_weights == "geometric" else decay_weights(cfg.ttt_steps, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             hidden.device)
     metrics: dict[str, torch.Tensor] = {}

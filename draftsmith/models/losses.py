@@ -90,7 +90,7 @@ def check_position_weights(scheme: str, gamma: float, name: str = "drafter") -> 
         raise ValueError(f"{name}.position_weights={scheme!r}: use one of "
                          f"{', '.join(POSITION_WEIGHTS)}")
     if not gamma > 0:
-        raise ValueError(f"{name}.position_gamma={gamma} must be > 0 (decay exp(-k / gamma))")
+        raise ValueError(f"{name}.decay_gamma={gamma} must be > 0 (decay exp(-k / gamma))")
 
 
 def acceptance(draft_logp: torch.Tensor, target_p: torch.Tensor) -> torch.Tensor:

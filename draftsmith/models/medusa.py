@@ -44,9 +44,9 @@ class MedusaConfig:
         loss: per-head loss against the target (`labels: target`): kl (default), tv, lk, ce or
             a mixture such as {ce: 0.1, tv: 0.9} (see models/losses.py).
         position_weights: `geometric` (head_weight ** k, default), `decay` (exp(-k /
-            position_gamma)) or `dpace` (D-PACE, per position from the heads' label
+            decay_gamma)) or `dpace` (D-PACE, per position from the heads' label
             probabilities).
-        position_gamma: gamma of `decay`.
+        decay_gamma: gamma of `decay`.
     """
 
     num_heads: int = 4
@@ -60,11 +60,11 @@ class MedusaConfig:
     shared_head: bool = False
     loss: str | dict = "kl"
     position_weights: str = "geometric"
-    position_gamma: float = 4.0
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
         check_labels(self.labels, parse_loss(self.loss))
-        check_position_weights(self.position_weights, self.position_gamma)
+        check_position_weights(self.position_weights, self.decay_gamma)
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads={self.num_heads} must be >= 1 and num_layers="
                              f"{self.num_layers} >= 0")
@@ -136,7 +136,7 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     index = torch.arange(t, device=input_ids.device)[None]
     num_heads = len(heads.heads)
     weights = [cfg.head_weight ** k for k in range(num_heads)] \
-        if cfg.position_weights == "geometric" else decay_weights(num_heads, cfg.position_gamma)
+        if cfg.position_weights == "geometric" else decay_weights(num_heads, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             features.device)
     metrics = {}

@@ -45,9 +45,9 @@ class MTPConfig:
         loss: per-module loss against the target (`labels: target`): kl (default), tv, lk, ce
             or a mixture such as {ce: 0.1, tv: 0.9} (see models/losses.py).
         position_weights: `geometric` (step_weight, normalised; default), `decay` (exp(-k /
-            position_gamma)) or `dpace` (D-PACE, per position from the modules' label
+            decay_gamma)) or `dpace` (D-PACE, per position from the modules' label
             probabilities).
-        position_gamma: gamma of `decay`.
+        decay_gamma: gamma of `decay`.
     """
 
     num_modules: int = 2
@@ -55,11 +55,11 @@ class MTPConfig:
     labels: str = "target"
     loss: str | dict = "kl"
     position_weights: str = "geometric"
-    position_gamma: float = 4.0
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
         check_labels(self.labels, parse_loss(self.loss))
-        check_position_weights(self.position_weights, self.position_gamma)
+        check_position_weights(self.position_weights, self.decay_gamma)
         if self.num_modules < 1:
             raise ValueError(f"num_modules={self.num_modules} must be >= 1")
 
@@ -136,7 +136,7 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
     weights = [cfg.step_weight ** k for k in range(cfg.num_modules)]
     norm = sum(weights)
     weights = [w / norm for w in weights] if cfg.position_weights == "geometric" else \
-        decay_weights(cfg.num_modules, cfg.position_gamma)
+        decay_weights(cfg.num_modules, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             features.device)
     hidden = features

@@ -3,7 +3,6 @@ per-element reference, gradients included; every kind with a `loss` setting trai
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -158,25 +157,46 @@ def test_bad_position_weights_and_data_labels_are_refused():
     with pytest.raises(DraftsmithError, match="position_weights='cosine': use one of geometric, "
                        "decay, dpace"):
         get_spec("mtp").make_config({"position_weights": "cosine"})
-    with pytest.raises(DraftsmithError, match="position_gamma=0"):
-        get_spec("eagle3").make_config({"position_weights": "decay", "position_gamma": 0})
+    with pytest.raises(DraftsmithError, match="decay_gamma=0"):
+        get_spec("eagle3").make_config({"position_weights": "decay", "decay_gamma": 0})
     with pytest.raises(DraftsmithError, match="labels=data trains cross-entropy on the data"):
         get_spec("medusa").make_config({"labels": "data", "loss": "tv"})
 
 
+PER_POSITION_KINDS = ("eagle1", "eagle3", "mtp", "medusa")  # the kinds wired to models/losses.py
+
+
+def _takes(kind: str, settings: dict) -> bool:
+    """Whether the kind's config accepts these shared loss settings."""
+    try:
+        get_spec(kind).make_config({**small_settings(kind), **settings})
+    except DraftsmithError:
+        return False
+    return True
+
+
 def _loss_kinds() -> list:
+    """Every registered kind that takes the shared `loss` setting (a mixture), with each loss;
+    those that also take `position_weights: decay` with each weighting."""
     cases = []
-    for kind, spec in DRAFTERS.items():
-        names = {f.name for f in dataclasses.fields(spec.config_cls)}
-        if "loss" not in names:
+    for kind in DRAFTERS:
+        if not _takes(kind, {"loss": {"ce": 0.1, "tv": 0.9}}):
             continue
         for loss in ("tv", "lk", "ce", {"ce": 0.1, "tv": 0.9}):
             cases.append(pytest.param(kind, {"loss": loss}, id=f"{kind}-{loss}"))
-        if "position_weights" in names:
+        if _takes(kind, {"position_weights": "decay", "decay_gamma": 2.0}):
             for scheme in ("decay", "dpace"):
                 cases.append(pytest.param(kind, {"loss": "ce", "position_weights": scheme},
                                           id=f"{kind}-ce-{scheme}"))
     return cases
+
+
+def test_the_per_position_kinds_take_every_loss_and_weighting():
+    ids = {case.id for case in _loss_kinds()}
+    for kind in PER_POSITION_KINDS:
+        assert f"{kind}-lk" in ids, kind
+        if kind != "eagle1":  # one draft position: nothing to weight
+            assert f"{kind}-ce-dpace" in ids, kind
 
 
 @pytest.mark.parametrize("kind, settings", _loss_kinds())
