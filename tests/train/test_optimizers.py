@@ -129,3 +129,19 @@ def test_a_killed_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_checkpoint_written_before_the_optimizer_settings_resumes_at_their_defaults(tmp_path):
+    from draftsmith.train.resume import check_same_run
+
+    def record(**train):
+        settings = {"drafter.kind": "eagle3", "train.lr": 1e-3, **train}
+        return {"settings": settings, "target": {"name": "t", "config_sha256": "a",
+                                                 "weights_sha256": "b"},
+                "data": {"examples": 3, "sha256": "c"}, "num_processes": 1}
+
+    old = {"run": record()}  # no train.optimizer / train.muon_lr: written before they existed
+    check_same_run(tmp_path, old, record(**{"train.optimizer": "adamw", "train.muon_lr": None}))
+    with pytest.raises(DraftsmithError, match=r"train\.optimizer=muon here but adamw in that run"):
+        check_same_run(tmp_path, old, record(**{"train.optimizer": "muon",
+                                                "train.muon_lr": None}))
