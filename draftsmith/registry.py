@@ -59,6 +59,9 @@ class DrafterSpec:
         engine_methods: serving engine -> the name it serves this kind under (`vllm`: the
             speculative config's `method`, `sglang`: `--speculative-algorithm`, `llama.cpp`:
             `--spec-type`); export to GGUF and serve-check need the engine listed.
+        unserved_by: (config) -> engine -> why that engine cannot serve a drafter with these
+            settings although it serves the kind (EAGLE-3.1 in llama.cpp); export to GGUF and
+            serve-check refuse with that message.
     """
 
     kind: str
@@ -76,6 +79,7 @@ class DrafterSpec:
     custom_aux_layers: Callable[[object], list[int] | None] = lambda config: None
     reads_aux_layers: bool = False
     engine_methods: dict[str, str] = field(default_factory=dict)
+    unserved_by: Callable[[object], dict[str, str]] = lambda config: {}
 
     @property
     def default_tree(self) -> str:
@@ -98,6 +102,14 @@ class DrafterSpec:
         except ValueError as err:
             raise DraftsmithError(f"drafter settings for {self.kind!r}: {err}") from err
 
+
+EAGLE31_NOT_IN_LLAMA_CPP = (
+    "EAGLE-3.1 (drafter.fc_norm / drafter.norm_output) is not served by llama.cpp: its EAGLE-3 "
+    "GGUF converter and `--spec-type draft-eagle3` read norm_before_fc and norm_before_residual "
+    "but neither fc_norm weights nor norm_output (llama.cpp in xllamacpp 2026.10.11549), so it "
+    "would serve another drafter; serve it with vLLM (`draftsmith export CKPT --format "
+    "speculators`, `draftsmith serve-check EXPORT --engine vllm`) or SGLang (`--format eagle3`), "
+    "or train with fc_norm: false and norm_output: false for llama.cpp")
 
 DRAFTERS: dict[str, DrafterSpec] = {
     spec.kind: spec
@@ -146,6 +158,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
             reads_aux_layers=True,
             engine_methods={"vllm": "eagle3", "sglang": "EAGLE3", "llama.cpp": "draft-eagle3"},
+            unserved_by=lambda cfg: {"llama.cpp": EAGLE31_NOT_IN_LLAMA_CPP} if cfg.eagle31 else {},
         ),
         DrafterSpec(
             kind="mtp",

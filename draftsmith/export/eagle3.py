@@ -24,6 +24,12 @@ is always written here).
 
 Serve the `eagle3` layout with SGLang and the `speculators` layout with vLLM: the two engines read
 the ids in `eagle_config` with different offsets.
+
+EAGLE-3.1 (`fc_norm`, `norm_output`; REFERENCE.md section 7.4) adds the weights
+`fc_norm.{0,1,2}.weight [H]` beside `fc.weight` and the two booleans: top-level `fc_norm` /
+`norm_output` in both layouts, which vLLM's `llama_eagle3` (`getattr(config, "fc_norm", False)`,
+likewise `norm_output`) and SGLang's `llama_eagle3` read from config.json (both default false).
+llama.cpp's converter reads neither (see `DrafterSpec.unserved_by`).
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ from draftsmith.export.weights import write_weights
 from draftsmith.models.eagle3 import eagle3_layer_ids
 
 WEIGHTS_FILE = "model.safetensors"
-OUR_PREFIXES = ("embed_tokens.", "fc.", "midlayer.", "norm.", "lm_head.")
+OUR_PREFIXES = ("embed_tokens.", "fc.", "fc_norm.", "midlayer.", "norm.", "lm_head.")
+EAGLE31_KEYS = ("fc_norm", "norm_output")
 OUR_BUFFERS = ("d2t", "t2d")
 SPECULATIVE_TOKENS = 3  # speculators' own default proposal length; vLLM's flag overrides it
 
@@ -77,9 +84,20 @@ def _drafter_tensors(ckpt: DraftsmithCheckpoint, opts: ExportOptions) -> dict[st
                   (layer.num_attention_heads * layer.head_dim, 2 * hidden), where)
     require_shape(tensors, "d2t", (draft_vocab,), where)
     require_shape(tensors, "t2d", (vocab,), where)
+    fc_norm = _eagle31(ckpt)["fc_norm"]
+    for i in range(3 if fc_norm else 0):
+        require_shape(tensors, f"fc_norm.{i}.weight", (hidden,), where)
+    if not fc_norm and any(k.startswith("fc_norm.") for k in tensors):
+        raise DraftsmithError(f"{where}: fc_norm weights without drafter_config.fc_norm: true")
     if opts.skip_frozen:
         tensors.pop("embed_tokens.weight", None)
     return cast_floats(tensors, opts.dtype)
+
+
+def _eagle31(ckpt: DraftsmithCheckpoint) -> dict[str, bool]:
+    """The checkpoint's EAGLE-3.1 switches (false when not recorded: plain EAGLE-3)."""
+    settings = ckpt.meta.get("drafter_config") or {}
+    return {key: bool(settings.get(key, False)) for key in EAGLE31_KEYS}
 
 
 def _layer_ids(ckpt: DraftsmithCheckpoint) -> list[int]:
@@ -101,6 +119,7 @@ def write_eagle3(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> 
         "target_hidden_size": layer.hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layer_ids(ckpt),
                          "use_aux_hidden_state": True},
+        **_eagle31(ckpt),
     }
     write_weights(tensors, out / WEIGHTS_FILE)
     return config
@@ -126,8 +145,7 @@ def write_speculators(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in _layer_ids(ckpt)],
         "norm_before_residual": False,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        **_eagle31(ckpt),
         "embed_requires_grad": False,
         "transformer_layer_config": llama_layer_dict(layer, vocab, float_dtype_name(tensors)),
         "speculators_config": {
@@ -157,12 +175,19 @@ def matches_speculators(config: dict, names: set[str]) -> bool:
 
 def _read_common(fmt: str, tensors: dict[str, torch.Tensor], hidden: int, vocab: int | None,
                  draft_vocab: int | None, ids: list[int], base_model: str | None,
-                 where: str) -> ExportedDrafter:
+                 where: str, config: dict) -> ExportedDrafter:
     unknown = [k for k in tensors if not k.startswith(OUR_PREFIXES) and k not in OUR_BUFFERS]
     if unknown:
         raise DraftsmithError(f"{where}: tensors draftsmith's EAGLE-3 drafter does not have: "
                               f"{unknown[:5]} (more than one decoder layer, or a variant with "
-                              "extra norms, is not supported)")
+                              "extra norms other than EAGLE-3.1's fc_norm, is not supported)")
+    eagle31 = {key: bool(config.get(key, False)) for key in EAGLE31_KEYS}
+    norms = sorted(k for k in tensors if k.startswith("fc_norm."))
+    wanted = [f"fc_norm.{i}.weight" for i in range(3)] if eagle31["fc_norm"] else []
+    if norms != wanted:
+        raise DraftsmithError(f"{where}: config.json has fc_norm: {eagle31['fc_norm']} but the "
+                              f"weights hold {norms or 'no fc_norm tensors'}; EAGLE-3.1's fc_norm "
+                              "is one norm per fused layer, fc_norm.{0,1,2}.weight")
     if ids and len(ids) != 3:
         raise DraftsmithError(f"{where}: EAGLE-3 fuses 3 target layers but the aux layer ids are "
                               f"{ids}")
@@ -186,7 +211,7 @@ def _read_common(fmt: str, tensors: dict[str, torch.Tensor], hidden: int, vocab:
     tensors["t2d"] = tensors["t2d"].bool()
     return ExportedDrafter(
         format=fmt, kind="eagle3",
-        settings={"draft_vocab_size": draft_vocab, "layer_ids": list(ids) or None},
+        settings={"draft_vocab_size": draft_vocab, "layer_ids": list(ids) or None, **eagle31},
         state=tensors, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab,
         aux_layer_ids=list(ids), base_model=base_model)
 
@@ -204,17 +229,17 @@ def read_eagle3(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
                               f"drafter's hidden_size={hidden}; draftsmith's EAGLE-3 needs them equal")
     ids = list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
     return _read_common("eagle3", dict(tensors), hidden, config.get("vocab_size"),
-                        config.get("draft_vocab_size"), ids, None, where)
+                        config.get("draft_vocab_size"), ids, None, where, config)
 
 
 def read_speculators(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
                      ) -> ExportedDrafter:
     """speculators layout -> draftsmith EAGLE-3 names (`layers.0.` -> `midlayer.`)."""
-    unsupported = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-                   if config.get(k)]
+    unsupported = [k for k in ("norm_before_residual", "norm_before_fc") if config.get(k)]
     if unsupported:
         raise DraftsmithError(f"{where}: speculators options {unsupported} are set; draftsmith's "
-                              "EAGLE-3 layer implements none of them")
+                              "EAGLE-3 layer implements neither (of the norm options it "
+                              "implements EAGLE-3.1's fc_norm and norm_output)")
     layer = config.get("transformer_layer_config") or {}
     if layer.get("num_hidden_layers", 1) != 1:
         raise DraftsmithError(f"{where}: transformer_layer_config.num_hidden_layers="
@@ -229,7 +254,7 @@ def read_speculators(config: dict, tensors: dict[str, torch.Tensor], where: str 
     ids = [i - 1 for i in config.get("eagle_aux_hidden_state_layer_ids") or []]
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return _read_common("speculators", renamed, hidden, layer.get("vocab_size"),
-                        config.get("draft_vocab_size"), ids, verifier, where)
+                        config.get("draft_vocab_size"), ids, verifier, where, config)
 
 
 def _eagle3_keys(drafter: ExportedDrafter, config: dict, layer: dict, where: str) -> list:

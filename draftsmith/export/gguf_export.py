@@ -119,9 +119,13 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
                               f"(those llama.cpp serves) but {ckpt.folder} is a {ckpt.kind} "
                               "drafter; use --format "
                               f"{' or '.join(formats_for_kind(ckpt.kind))}")
+    spec = get_spec(ckpt.kind)
+    unserved = spec.unserved_by(spec.make_config(ckpt.meta.get("drafter_config") or {}))
+    if "llama.cpp" in unserved:
+        raise DraftsmithError(f"--format gguf: {ckpt.folder}: {unserved['llama.cpp']}")
     if outtype not in OUTTYPES:
         raise DraftsmithError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
-    name = gguf_name(get_spec(ckpt.kind).engine_methods["llama.cpp"])
+    name = gguf_name(spec.engine_methods["llama.cpp"])
     out = Path(out)
     check_out_folder(out, overwrite, source=ckpt.folder)
     if options.base_model:

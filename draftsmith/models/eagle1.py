@@ -20,6 +20,7 @@ from draftsmith.models.layers import (
     padded_causal_mask,
     shift_left,
 )
+from draftsmith.models.losses import parse_loss, summed_loss
 
 
 @dataclass
@@ -29,12 +30,19 @@ class Eagle1Config:
     Attributes:
         feature_noise: half-width of the uniform noise added to input features in training.
         feature_weight: weight of the feature regression (SmoothL1) loss.
-        token_weight: weight of the soft cross-entropy through the frozen head (0.1 in the paper).
+        token_weight: weight of the token loss through the frozen head (0.1 in the paper).
+        loss: that token loss against the target's distribution: kl (soft cross-entropy, the
+            paper's; default), tv, lk, ce or a mixture such as {ce: 0.1, tv: 0.9} (see
+            models/losses.py).
     """
 
     feature_noise: float = 0.1
     feature_weight: float = 1.0
     token_weight: float = 0.1
+    loss: str | dict = "kl"
+
+    def __post_init__(self):
+        parse_loss(self.loss)
 
 
 class Eagle1Drafter(nn.Module):
@@ -89,7 +97,8 @@ class Eagle1Drafter(nn.Module):
 def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, features: torch.Tensor,
                 target_logits_after: TargetLogits) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """SmoothL1(f_pred, f_next) + w * soft-CE(target head on f_next, head on f_pred), masked.
+    """SmoothL1(f_pred, f_next) + w * token loss(target head on f_next, head on f_pred), masked
+    (the token loss is `loss`: soft cross-entropy by default).
 
     Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
     predicts f_{i+1}, trained where token i+2 is in the loss mask (heads run on those rows only).
@@ -109,9 +118,9 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     feature_loss = F.smooth_l1_loss(predicted.float(), next_features.float(),
                                     reduction="none").mean(-1).sum() / count
     draft_logp = torch.log_softmax(drafter.logits(predicted).float(), dim=-1)
-    target_p = torch.softmax(target_logits_after(valid, 1).float(), dim=-1)
-    token_loss = -(target_p * draft_logp).sum() / count
+    teacher = target_logits_after(valid, 1)
+    token_loss = summed_loss(draft_logp, teacher, parse_loss(cfg.loss)) / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    hits = draft_logp.argmax(-1) == target_p.argmax(-1)
+    hits = draft_logp.argmax(-1) == teacher.argmax(-1)
     return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
                   "acc_0": hits.sum().float() / count}

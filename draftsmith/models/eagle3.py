@@ -23,6 +23,12 @@ from draftsmith.models.layers import (
     restrict_target_logits,
     shift_left,
 )
+from draftsmith.models.losses import (
+    PositionLosses,
+    check_position_weights,
+    decay_weights,
+    parse_loss,
+)
 
 
 def eagle3_layer_ids(num_layers: int) -> list[int]:
@@ -69,18 +75,40 @@ class Eagle3Config:
         ttt_steps: training-time test unroll depth (reference code 7, paper 5, speculators 3).
         step_weight: loss weight decay per TTT step (0.8 in the reference).
         layer_ids: target layer outputs to fuse; None = `eagle3_layer_ids(N)`.
+        fc_norm: EAGLE-3.1: one RMSNorm per fused layer output before `fc` (`fc_norm.{0,1,2}`).
+        norm_output: EAGLE-3.1: the final norm's output feeds both the head (no second norm) and
+            the next TTT / draft step (EAGLE-3 feeds back the un-normed state).
+        loss: per-step loss against the target's distribution over the draft vocabulary: kl
+            (soft cross-entropy, default), tv, lk, ce or a mixture such as {ce: 0.1, tv: 0.9}
+            (see models/losses.py).
+        position_weights: `geometric` (step_weight ** j, default), `decay` (exp(-j /
+            decay_gamma)) or `dpace` (D-PACE, per position from the draft's probability of
+            the target's choice at every step).
+        decay_gamma: gamma of `decay`.
     """
 
     draft_vocab_size: int = 32000
     ttt_steps: int = 7
     step_weight: float = 0.8
     layer_ids: list[int] | None = None
+    fc_norm: bool = False
+    norm_output: bool = False
+    loss: str | dict = "kl"
+    position_weights: str = "geometric"
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
         if self.draft_vocab_size < 1:
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be >= 1")
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1")
+        parse_loss(self.loss)
+        check_position_weights(self.position_weights, self.decay_gamma)
+
+    @property
+    def eagle31(self) -> bool:
+        """Any EAGLE-3.1 setting on (served by vLLM and SGLang; not by llama.cpp)."""
+        return self.fc_norm or self.norm_output
 
 
 class Eagle3Midlayer(DraftDecoderLayer):
@@ -102,10 +130,11 @@ class Eagle3Midlayer(DraftDecoderLayer):
 
 
 class Eagle3Drafter(nn.Module):
-    """EAGLE-3 drafter for a given target config.
+    """EAGLE-3 drafter for a given target config (EAGLE-3.1 with `fc_norm` / `norm_output`).
 
     Frozen parts copied from the target: `embed_tokens`. Trained: `fc`, `midlayer`, `norm`,
-    `lm_head` (over the draft vocabulary). Buffers: `d2t` (int64 [Vd]) and `t2d` (bool [V]).
+    `lm_head` (over the draft vocabulary), `fc_norm` (EAGLE-3.1). Buffers: `d2t` (int64 [Vd])
+    and `t2d` (bool [V]).
     """
 
     kind = "eagle3"
@@ -122,6 +151,9 @@ class Eagle3Drafter(nn.Module):
         self.layer_ids = list(config.layer_ids or eagle3_layer_ids(num_layers))
         check_eagle3_layer_ids(self.layer_ids, num_layers)
         self.embed_tokens = nn.Embedding(vocab, hidden).requires_grad_(False)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
+                                         for _ in self.layer_ids)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = Eagle3Midlayer(layer_config)
         self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
@@ -154,8 +186,23 @@ class Eagle3Drafter(nn.Module):
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def fuse(self, aux_hidden: list[torch.Tensor]) -> torch.Tensor:
-        """fc(cat(low, mid, high)): target features -> drafter hidden. (..., H)"""
-        return self.fc(torch.cat(aux_hidden, dim=-1).to(self.fc.weight.dtype))
+        """fc(cat(low, mid, high)), each normed first with `fc_norm`: target features -> drafter
+        hidden. (..., H)"""
+        dtype = self.fc.weight.dtype
+        if self.config.fc_norm:
+            aux_hidden = [norm(h.to(dtype)) for norm, h in zip(self.fc_norm, aux_hidden,
+                                                              strict=True)]
+        return self.fc(torch.cat(aux_hidden, dim=-1).to(dtype))
+
+    def feedback(self, out: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's output as the state the head and the next step read: normed once
+        with `norm_output` (EAGLE-3.1), as is otherwise."""
+        return self.norm(out) if self.config.norm_output else out
+
+    def head(self, state: torch.Tensor) -> torch.Tensor:
+        """Draft logits (..., Vd) of a state from `step`: `lm_head(norm(h))`, or `lm_head(h)`
+        when `norm_output` has normed it already."""
+        return self.lm_head(state if self.config.norm_output else self.norm(state))
 
     def target_feature(self, last_hidden: torch.Tensor, hidden_states, index) -> torch.Tensor:
         """Drafter input of target positions `index`: fc of the fused layer outputs. (m, H)"""
@@ -168,7 +215,7 @@ class Eagle3Drafter(nn.Module):
         out, kv = self.step(tokens[None], hidden[None], position_ids[None], mask, past,
                             with_logits=False)
         rows = out[0][-1:] if last_only else out[0]
-        logp = torch.log_softmax(self.lm_head(self.norm(rows)).float(), -1)
+        logp = torch.log_softmax(self.head(rows).float(), -1)
         full = logp.new_full((logp.shape[0], self.t2d.shape[0]), float("-inf"))
         full[:, self.draft_ids()] = logp
         return out[0], full, kv
@@ -181,9 +228,10 @@ class Eagle3Drafter(nn.Module):
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, position_ids)
         out, kv = self.midlayer.run(embeds, hidden, cos, sin, mask, past, extra_kv)
+        out = self.feedback(out)
         if not with_logits:
             return out, kv
-        return out, self.lm_head(self.norm(out)), kv
+        return out, self.head(out), kv
 
     def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                   rows: torch.Tensor, shape: tuple[int, int], mask: torch.Tensor,
@@ -192,7 +240,8 @@ class Eagle3Drafter(nn.Module):
         (m,) at flat positions `rows` of a (B, T) layout -> (h_out (m, H), padded (keys, values))."""
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden[None], position_ids[None])
-        return self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, mask, extra_kv)
+        out, kv = self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, mask, extra_kv)
+        return self.feedback(out), kv
 
 
 def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -233,7 +282,8 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     Step j at position i feeds token i+1+j and the previous step's output (step 0: fused target
     features at i), and is trained to match the target's distribution for token i+j+2 restricted
     to the draft vocabulary, where that token is in the loss mask and the target's argmax is in the
-    draft vocabulary. Total = sum_j w^j * mean soft cross-entropy_j.
+    draft vocabulary. Total = sum_j w_j * mean loss_j: soft cross-entropy and w_j = step_weight^j
+    by default (`loss`, `position_weights`: see models/losses.py).
 
     Work is spent only where it is used: the heads (the target's full-vocabulary head and the
     draft head) run on trained positions, and the decoder layer's row-wise parts on real tokens
@@ -262,7 +312,10 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     rows = needed[0].flatten().nonzero().squeeze(1)  # flat (B * T) positions, ascending
     hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
     cache: list[KV] = []
-    total = hidden.new_zeros((), dtype=torch.float32)
+    weights = [cfg.step_weight ** j for j in range(cfg.ttt_steps)] \
+        if cfg.position_weights == "geometric" else decay_weights(cfg.ttt_steps, cfg.decay_gamma)
+    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
+                            hidden.device)
     metrics: dict[str, torch.Tensor] = {}
     for j in range(cfg.ttt_steps):
         tokens = shift_left(input_ids, 1 + j).flatten()[rows]
@@ -271,18 +324,18 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         with torch.no_grad():
             teacher_rows, target_choice = teacher(valid[j], 1 + j)
             in_vocab = drafter.t2d[target_choice]
-            target_j = torch.softmax(teacher_rows[in_vocab].float(), dim=-1)
         trained = valid[j].sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
         scored = valid[j].flatten()[rows]  # packed rows in valid[j]'s (row-major) order
         scored[scored.clone()] = in_vocab
         count = in_vocab.sum().clamp_min(1)
-        logp = torch.log_softmax(drafter.lm_head(drafter.norm(out[scored])).float(), dim=-1)
-        step_loss = -(target_j * logp).sum() / count
-        total = total + cfg.step_weight ** j * step_loss
+        logp = torch.log_softmax(drafter.head(out[scored]).float(), dim=-1)
+        flat = valid[j].flatten().nonzero().squeeze(1)  # valid[j]'s positions, row-major
+        step_loss = losses.add(j, logp, teacher_rows[in_vocab], count, flat=flat[in_vocab],
+                               missed=flat[~in_vocab])
         hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
-        metrics[f"loss_{j}"] = step_loss.detach()
+        metrics[f"loss_{j}"] = step_loss
         metrics[f"acc_{j}"] = hits.sum().float() / trained
         if j + 1 < cfg.ttt_steps:  # the next step computes a subset of these rows
             keep = needed[j + 1].flatten()[rows]
             rows, hidden = rows[keep], out[keep]
-    return total, metrics
+    return losses.total(), metrics

@@ -230,19 +230,3 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
     return torch.cat([x[:, n:], pad], dim=1)
 
-
-LABEL_SOURCES = ("target", "data")
-
-
-def token_loss_sum(logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: torch.Tensor,
-                   labels: str) -> torch.Tensor:
-    """Summed loss of draft logits (m, V) for one draft position.
-
-    `labels="target"`: soft cross-entropy against the target's distribution of that token
-    (teacher_logits (m, V)), what acceptance is decided by; `labels="data"`: cross-entropy on the
-    data's tokens (m,), right only when the data is the target's own output.
-    """
-    if labels == "target":
-        teacher = torch.softmax(teacher_logits.float(), dim=-1)
-        return -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum()
-    return F.cross_entropy(logits.float(), tokens, reduction="sum")

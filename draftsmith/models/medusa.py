@@ -14,7 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import LABEL_SOURCES, TargetLogits, shift_left, token_loss_sum
+from draftsmith.models.layers import TargetLogits, shift_left
+from draftsmith.models.losses import (
+    PositionLosses,
+    check_labels,
+    check_position_weights,
+    decay_weights,
+    parse_loss,
+)
 
 
 @dataclass
@@ -34,6 +41,12 @@ class MedusaConfig:
         shared_head: every head reads its logits through the target's frozen output layer and
             trains its ResBlocks only (no V x H layer per head: 28M parameters each on a 49k x
             576 target); False: a trainable output layer per head, started from the target's.
+        loss: per-head loss against the target (`labels: target`): kl (default), tv, lk, ce or
+            a mixture such as {ce: 0.1, tv: 0.9} (see models/losses.py).
+        position_weights: `geometric` (head_weight ** k, default), `decay` (exp(-k /
+            decay_gamma)) or `dpace` (D-PACE, per position from the heads' label
+            probabilities).
+        decay_gamma: gamma of `decay`.
     """
 
     num_heads: int = 4
@@ -45,10 +58,13 @@ class MedusaConfig:
     heads_weight_joint: float = 0.2
     labels: str = "target"
     shared_head: bool = False
+    loss: str | dict = "kl"
+    position_weights: str = "geometric"
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
-        if self.labels not in LABEL_SOURCES:
-            raise ValueError(f"labels={self.labels!r}: use one of {', '.join(LABEL_SOURCES)}")
+        check_labels(self.labels, parse_loss(self.loss))
+        check_position_weights(self.position_weights, self.decay_gamma)
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError(f"num_heads={self.num_heads} must be >= 1 and num_layers="
                              f"{self.num_layers} >= 0")
@@ -115,19 +131,24 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     the target's distribution of that token (logits at t+1+k; `labels: target`) or the data's
     token (`labels: data`). Accuracy of head k is its agreement with the target's own greedy
     choice for that token. Heads run only on trained positions."""
-    t = input_ids.shape[1]
+    cfg = heads.config
+    b, t = input_ids.shape
     index = torch.arange(t, device=input_ids.device)[None]
-    total = features.new_zeros((), dtype=torch.float32)
+    num_heads = len(heads.heads)
+    weights = [cfg.head_weight ** k for k in range(num_heads)] \
+        if cfg.position_weights == "geometric" else decay_weights(num_heads, cfg.decay_gamma)
+    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
+                            features.device)
     metrics = {}
-    for k in range(len(heads.heads)):
+    for k in range(num_heads):
         valid = (shift_left(loss_mask, 2 + k) > 0) & (index < t - 2 - k)
         count = valid.sum().clamp_min(1)
         logits = heads.head(k, features[valid]).float()
         teacher = target_logits_after(valid, 1 + k)
-        head_loss = token_loss_sum(logits, teacher, shift_left(input_ids, 2 + k)[valid],
-                                   heads.config.labels) / count
-        total = total + heads.config.head_weight ** k * head_loss
+        tokens = shift_left(input_ids, 2 + k)[valid] if cfg.labels == "data" else None
+        head_loss = losses.add(k, torch.log_softmax(logits, dim=-1), teacher, count,
+                               flat=valid.flatten().nonzero().squeeze(1), tokens=tokens)
         hits = logits.argmax(-1) == teacher.argmax(-1)
-        metrics[f"loss_{k}"] = head_loss.detach()
+        metrics[f"loss_{k}"] = head_loss
         metrics[f"acc_{k}"] = hits.sum().float() / count
-    return total, metrics
+    return losses.total(), metrics

@@ -16,14 +16,19 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.models.layers import (
     KV,
-    LABEL_SOURCES,
     DraftDecoderLayer,
     Rotary,
     TargetLogits,
     drafter_layer_config,
     padded_causal_mask,
     shift_left,
-    token_loss_sum,
+)
+from draftsmith.models.losses import (
+    PositionLosses,
+    check_labels,
+    check_position_weights,
+    decay_weights,
+    parse_loss,
 )
 
 
@@ -37,15 +42,24 @@ class MTPConfig:
         labels: `target` (default): each module learns the target's distribution of its token
             (soft cross-entropy: acceptance is decided by the target's choice); `data`: the
             data's tokens (hard labels; right when the data is the target's own answers).
+        loss: per-module loss against the target (`labels: target`): kl (default), tv, lk, ce
+            or a mixture such as {ce: 0.1, tv: 0.9} (see models/losses.py).
+        position_weights: `geometric` (step_weight, normalised; default), `decay` (exp(-k /
+            decay_gamma)) or `dpace` (D-PACE, per position from the modules' label
+            probabilities).
+        decay_gamma: gamma of `decay`.
     """
 
     num_modules: int = 2
     step_weight: float = 0.6
     labels: str = "target"
+    loss: str | dict = "kl"
+    position_weights: str = "geometric"
+    decay_gamma: float = 4.0
 
     def __post_init__(self):
-        if self.labels not in LABEL_SOURCES:
-            raise ValueError(f"labels={self.labels!r}: use one of {', '.join(LABEL_SOURCES)}")
+        check_labels(self.labels, parse_loss(self.loss))
+        check_position_weights(self.position_weights, self.decay_gamma)
         if self.num_modules < 1:
             raise ValueError(f"num_modules={self.num_modules} must be >= 1")
 
@@ -121,8 +135,11 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
     mask = padded_causal_mask(attention_mask)
     weights = [cfg.step_weight ** k for k in range(cfg.num_modules)]
     norm = sum(weights)
+    weights = [w / norm for w in weights] if cfg.position_weights == "geometric" else \
+        decay_weights(cfg.num_modules, cfg.decay_gamma)
+    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
+                            features.device)
     hidden = features
-    total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
     for k in range(cfg.num_modules):
         hidden, _ = drafter.module_hidden(k, shift_left(input_ids, k + 1), hidden, positions, mask)
@@ -130,10 +147,10 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
         count = valid.sum().clamp_min(1)
         logits = drafter.module_logits(k, hidden[valid]).float()
         teacher = target_logits_after(valid, k + 1)
-        step_loss = token_loss_sum(logits, teacher, shift_left(input_ids, k + 2)[valid],
-                                   cfg.labels) / count
-        total = total + weights[k] / norm * step_loss
+        tokens = shift_left(input_ids, k + 2)[valid] if cfg.labels == "data" else None
+        step_loss = losses.add(k, torch.log_softmax(logits, dim=-1), teacher, count,
+                               flat=valid.flatten().nonzero().squeeze(1), tokens=tokens)
         hits = logits.argmax(-1) == teacher.argmax(-1)
-        metrics[f"loss_{k}"] = step_loss.detach()
+        metrics[f"loss_{k}"] = step_loss
         metrics[f"acc_{k}"] = hits.sum().float() / count
-    return total, metrics
+    return losses.total(), metrics

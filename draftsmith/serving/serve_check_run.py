@@ -91,10 +91,14 @@ def check_servable_export(export_dir: Path, target_dir: Path, engine: str):
     from draftsmith.registry import get_spec, served_by
 
     drafter = check_exported(export_dir, load_target_config(str(target_dir)))
-    if engine not in get_spec(drafter.kind).engine_methods:
+    spec = get_spec(drafter.kind)
+    if engine not in spec.engine_methods:
         raise DraftsmithError(f"{export_dir} is a {drafter.kind} drafter ({drafter.format} layout); "
                               f"serve-check runs in {engine} the exports of "
                               f"{' / '.join(served_by(engine))} drafters")
+    unserved = spec.unserved_by(spec.make_config(drafter.settings))
+    if engine in unserved:
+        raise DraftsmithError(f"serve-check --engine {engine}: {export_dir}: {unserved[engine]}")
     return drafter
 
 

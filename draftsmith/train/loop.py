@@ -26,6 +26,7 @@ from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
 from draftsmith.train.checkpoint import save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
+from draftsmith.train.optimizers import build_optimizer
 from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import (
     check_same_run,
@@ -162,11 +163,9 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                               f"{cfg.batch_size * accelerator.num_processes}: add data or lower "
                               "train.batch_size")
     model = LossModule(drafter, spec, target, aux_layers, joint)
-    groups = [{"params": [p for p in drafter.parameters() if p.requires_grad], "lr": cfg.lr}]
-    if joint:  # Medusa-2: the backbone's adapters learn 4x slower than the heads
-        groups.append({"params": [p for p in target.parameters() if p.requires_grad],
-                       "lr": cfg.lr / 4})
-    optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    # Medusa-2: the backbone's adapters learn 4x slower than the heads
+    optimizer = build_optimizer(drafter, cfg, [p for p in target.parameters() if p.requires_grad]
+                                if joint else None, sharded=accelerator.distributed_type == "FSDP")
     schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps, cfg.schedule, cfg.decay_fraction)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)

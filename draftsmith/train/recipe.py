@@ -16,6 +16,7 @@ from draftsmith.precision import MIXED_PRECISIONS
 from draftsmith.registry import get_spec
 from draftsmith.target import TargetSpec
 from draftsmith.train.budget import SCHEDULES
+from draftsmith.train.optimizers import check_optimizer
 
 
 @dataclass
@@ -25,6 +26,10 @@ class TrainSection:
     Attributes:
         lr: peak learning rate (AdamW betas 0.9, 0.95).
         weight_decay: AdamW weight decay.
+        optimizer: `adamw` (every parameter) or `muon` (torch.optim.Muon for the drafter's 2-D
+            matrix weights, AdamW for norms, biases, embeddings and heads; see
+            train/optimizers.py), both on the same schedule.
+        muon_lr: Muon's peak learning rate; null = 10 x lr (speculators' default).
         batch_size: sequences per process per micro-step.
         grad_accum: micro-steps per optimizer step.
         max_steps: optimizer steps in total (with `max_minutes`, the most it may take).
@@ -67,6 +72,8 @@ class TrainSection:
 
     lr: float = 1e-4
     weight_decay: float = 0.0
+    optimizer: str = "adamw"
+    muon_lr: float | None = None
     batch_size: int = 4
     grad_accum: int = 1
     max_steps: int = 200
@@ -92,6 +99,9 @@ class TrainSection:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
+        check_optimizer(self.optimizer)
+        if self.muon_lr is not None and self.muon_lr <= 0:
+            raise DraftsmithError(f"train.muon_lr={self.muon_lr} must be > 0 (or null for 10 x lr)")
         if self.schedule not in SCHEDULES:
             raise DraftsmithError(f"train.schedule={self.schedule!r}: use one of "
                                   f"{', '.join(SCHEDULES)}")

@@ -71,6 +71,15 @@ def _flatten(values: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _train_defaults() -> dict:
+    """Every `train.*` setting at its default, flattened as `run_record` writes them."""
+    from dataclasses import asdict
+
+    from draftsmith.train.recipe import TrainSection
+
+    return _flatten(json.loads(json.dumps({"train": asdict(TrainSection())}, default=str)))
+
+
 def find_resume_checkpoint(accelerator, out_dir: Path) -> Path | None:
     """The newest complete checkpoint of `out_dir`, after the main process deleted what killed
     saves left behind (`step_N.partial`)."""
@@ -129,6 +138,8 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
                "start this one over)")
     then, now = saved.get("settings") or {}, record["settings"]
     missing = "(unset)"
+    # a train setting added since that run was written counts as its default there
+    then = {**{k: v for k, v in _train_defaults().items() if k in now}, **then}
     changed = [key for key in sorted(set(then) | set(now)) if key not in FREE_SETTINGS
                and then.get(key, missing) != now.get(key, missing)]
     if changed:

@@ -29,6 +29,7 @@ from draftsmith.registry import get_spec
 from tests.helpers.tiny_targets import tiny_target
 
 NEW = 30
+EAGLE31 = {"fc_norm": True, "norm_output": True}
 
 
 def drafter_for(kind, target, **settings):
@@ -47,6 +48,7 @@ def proposers(target):
     medusa = drafter_for("medusa", target, num_heads=3)
     eagle1 = drafter_for("eagle1", target)
     eagle3 = drafter_for("eagle3", target, draft_vocab_size=100)
+    eagle31 = drafter_for("eagle3", target, draft_vocab_size=100, **EAGLE31)
     mtp = drafter_for("mtp", target, num_modules=3)
     dflash = drafter_for("dflash", target, block_size=5, num_layers=2)
     dspark = drafter_for("dspark", target, block_size=4, num_layers=1, markov_rank=8)
@@ -66,6 +68,7 @@ def proposers(target):
         "eagle2_dynamic": FeatureDrafterProposer(eagle1, dynamic=DynamicTreeConfig(3, 4, 10)),
         "eagle3_dynamic": FeatureDrafterProposer(eagle3, dynamic=DynamicTreeConfig(3, 5, 12)),
         "eagle3_static": FeatureDrafterProposer(eagle3, DEFAULT_CHOICES),
+        "eagle31_dynamic": FeatureDrafterProposer(eagle31, dynamic=DynamicTreeConfig(3, 5, 12)),
     }
 
 
@@ -148,12 +151,14 @@ class TreeRecorder:
 
 
 @pytest.mark.parametrize("with_lookup", [False, True])
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_decode_time_drafts_equal_training_time_predictions(kind, with_lookup):
+@pytest.mark.parametrize("kind, settings", [("eagle1", {}), ("eagle3", {"draft_vocab_size": 100}),
+                                             ("eagle3", {"draft_vocab_size": 100, **EAGLE31})],
+                         ids=["eagle1", "eagle3", "eagle3.1"])
+def test_decode_time_drafts_equal_training_time_predictions(kind, settings, with_lookup):
     """With the hybrid, steps prompt lookup drafted leave their entries for the drafter's next
     step: its drafts must still equal what training computes at the same positions."""
     target = tiny_target("llama")
-    drafter = drafter_for(kind, target, **({"draft_vocab_size": 100} if kind == "eagle3" else {}))
+    drafter = drafter_for(kind, target, **settings)
     prompt = torch.randint(2, 128, (12,), generator=torch.Generator().manual_seed(5)).tolist()
     recorder = TreeRecorder(FeatureDrafterProposer(drafter, dynamic=DynamicTreeConfig(3, 1, 3)))
     proposer = hybrid(recorder, min_ngram=3) if with_lookup else recorder

@@ -1,5 +1,6 @@
 """`draftsmith eval --check-lossless` end to end on a tiny random target saved as a folder: a
-random drafter of every registered kind (each with its default tree, inside the prompt-lookup
+random drafter of every registered kind and of each variant in tests/helpers/drafters.py (EAGLE-3.1,
+Medusa's shared head; each with its default tree, inside the prompt-lookup
 hybrid and, where it has one, a chain), the draft model and prompt lookup pass the greedy float32 gate at batch sizes 1 and 2,
 with the batch-size table, JSON and plot written; a batched run that leaves plain decoding fails
 the gate naming the method, batch size and first divergent token."""
@@ -13,7 +14,7 @@ import pytest
 from draftsmith.eval import executor
 from draftsmith.registry import DRAFTERS
 from tests.helpers.cli import assert_refused, run_cli
-from tests.helpers.drafters import small_settings
+from tests.helpers.drafters import VARIANTS, small_settings
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.tiny_targets import save_target_and_draft
 
@@ -27,14 +28,17 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("gate")
     target = save_target_and_draft(root)
     drafter_args, methods = [], ["plain", "prompt_lookup", "draft_model"]
-    for kind, spec in DRAFTERS.items():
-        settings = small_settings(kind)
-        folder = write_checkpoint(root / kind / "drafter", kind,
+    drafters = [(kind, kind, small_settings(kind)) for kind in DRAFTERS]
+    drafters += [(kind, f"{kind}-{name}".replace(".", ""), {**small_settings(kind), **extra})
+                 for kind, variants in VARIANTS.items() for name, extra in variants.items()]
+    for kind, label, settings in drafters:  # every kind, and each variant (EAGLE-3.1, ...)
+        spec = DRAFTERS[kind]
+        folder = write_checkpoint(root / label / "drafter", kind,
                                   build_drafter(kind, target, settings), target, settings)
-        drafter_args += ["--drafter", f"{kind}={folder}"]
-        methods += [f"drafter@{kind}", f"drafter_lookup@{kind}"]
+        drafter_args += ["--drafter", f"{label}={folder}"]
+        methods += [f"drafter@{label}", f"drafter_lookup@{label}"]
         if "chain" in spec.tree_shapes and spec.default_tree != "chain":
-            methods.append(f"drafter_chain@{kind}")
+            methods.append(f"drafter_chain@{label}")
     prompts = root / "prompts.txt"
     prompts.write_text(PROMPTS)
     return root, prompts, drafter_args, methods

@@ -8,14 +8,19 @@ import pytest
 import torch
 
 from draftsmith.drafter_folder import LoadedDrafter, load_drafter
+from draftsmith.errors import DraftsmithError
 from draftsmith.export import ExportOptions, export_drafter, load_any_drafter, load_exported
 from tests.helpers.export_helpers import (
     KIND_OF_FORMAT,
     PROMPT,
+    SETTINGS,
+    build_drafter,
     decode_with,
     make_checkpoint,
     plain_greedy,
+    write_checkpoint,
 )
+from tests.helpers.tiny_targets import tiny_target
 
 
 def assert_same_state(original: torch.nn.Module, loaded: torch.nn.Module) -> None:
@@ -74,3 +79,38 @@ def test_bfloat16_export_loads_on_a_bfloat16_target(tmp_path):
     assert loaded.module.d2t.dtype == torch.long and loaded.module.t2d.dtype == torch.bool
     torch.testing.assert_close(loaded.module.fc.weight, module.fc.weight.to(torch.bfloat16),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_eagle31_exports_with_the_keys_vllm_and_sglang_read_and_decodes_the_same(tmp_path, fmt):
+    """EAGLE-3.1: `fc_norm` / `norm_output` at the top of config.json, `fc_norm.{0,1,2}.weight`
+    beside `fc.weight`; the reloaded drafter proposes the same trees."""
+    import json
+
+    from safetensors.torch import load_file
+
+    settings = {**SETTINGS["eagle3"], "fc_norm": True, "norm_output": True}
+    target = tiny_target("llama")
+    module = build_drafter("eagle3", target, settings)
+    for norm in module.fc_norm:  # not the ones they start as: the export must carry them
+        norm.weight.data.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(5))
+    folder = write_checkpoint(tmp_path / "drafter", "eagle3", module, target, settings)
+    out = export_drafter(folder, fmt, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    weights = load_file(out / "model.safetensors")
+    for i in range(3):
+        torch.testing.assert_close(weights[f"fc_norm.{i}.weight"], module.fc_norm[i].weight,
+                                   rtol=0, atol=0)
+    loaded = load_exported(out, target)
+    assert loaded.module.config.fc_norm and loaded.module.config.norm_output
+    assert_same_state(module, loaded.module)
+    before = decode_with(target, LoadedDrafter("eagle3", module, {}), PROMPT)
+    after = decode_with(target, loaded, PROMPT)
+    assert after[1] == before[1]
+    assert after[0].tokens == plain_greedy(target, PROMPT)
+
+    config["fc_norm"] = False  # weights and config that disagree are refused when read back
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftsmithError, match="fc_norm: False but the weights hold"):
+        load_exported(out, target)

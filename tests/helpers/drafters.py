@@ -13,7 +13,8 @@ from draftsmith.registry import DRAFTERS, get_spec
 SMALL = {"medusa": {"num_heads": 2}, "mtp": {"num_modules": 2},
          "eagle3": {"draft_vocab_size": 96, "ttt_steps": 2}}
 # settings that change which parameters train, each a case of the shared training tests
-VARIANTS = {"medusa": {"shared_head": {"shared_head": True}}}
+VARIANTS = {"medusa": {"shared_head": {"shared_head": True}},
+            "eagle3": {"eagle3.1": {"fc_norm": True, "norm_output": True}}}
 
 
 def small_settings(kind: str) -> dict:

@@ -131,15 +131,18 @@ def test_fp32_drafter_trains_on_bf16_target_features(kind, settings):
 def test_label_sources_of_medusa_and_mtp():
     """labels: target is soft cross-entropy against the target's distribution (hand-computed
     here), labels: data is cross-entropy on the data's tokens; anything else is refused."""
-    from draftsmith.models.layers import token_loss_sum
+    from draftsmith.models.losses import PositionLosses, parse_loss
 
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
     teacher = torch.tensor([[0.0, 3.0, 0.0], [1.0, 0.0, 0.0]])
     tokens = torch.tensor([0, 2])
     p = teacher.softmax(-1)
-    expected = -(p * logits.log_softmax(-1)).sum()
-    torch.testing.assert_close(token_loss_sum(logits, teacher, tokens, "target"), expected)
-    torch.testing.assert_close(token_loss_sum(logits, teacher, tokens, "data"),
+    logp = logits.log_softmax(-1)
+    one = torch.tensor(1)
+    target = PositionLosses(parse_loss("kl"), "geometric", [1.0], 2, torch.device("cpu"))
+    torch.testing.assert_close(target.add(0, logp, teacher, one), -(p * logp).sum())
+    data = PositionLosses(parse_loss("kl"), "geometric", [1.0], 2, torch.device("cpu"))
+    torch.testing.assert_close(data.add(0, logp, teacher, one, tokens=tokens),
                                torch.nn.functional.cross_entropy(logits, tokens, reduction="sum"))
     for kind in ("medusa", "mtp"):
         assert get_spec(kind).make_config().labels == "target"

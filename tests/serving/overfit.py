@@ -21,14 +21,15 @@ from tests.helpers.export_helpers import write_checkpoint
 
 def overfit_eagle3(target, tokens: list[int], answer_start: int, folder: Path, *,
                    draft_vocab_size: int = 1024, ttt_steps: int = 3, steps: int = 80,
-                   lr: float = 3e-3) -> Path:
+                   lr: float = 3e-3, extra: dict | None = None) -> Path:
     """Train an EAGLE-3 drafter on `tokens` (answer from `answer_start`) and write its checkpoint.
 
     The draft vocabulary holds every token of the sequence plus the lowest other ids, so the
     export carries a real (non-identity) d2t mapping. `ttt_steps` as deep as the engine drafts
-    keeps each step cheap. Returns the checkpoint folder.
+    keeps each step cheap. `extra`: more drafter settings (EAGLE-3.1's fc_norm / norm_output).
+    Returns the checkpoint folder.
     """
-    settings = {"draft_vocab_size": draft_vocab_size, "ttt_steps": ttt_steps}
+    settings = {"draft_vocab_size": draft_vocab_size, "ttt_steps": ttt_steps, **(extra or {})}
     spec = get_spec("eagle3")
     torch.manual_seed(0)
     module = spec.build(target.config, spec.make_config(settings))

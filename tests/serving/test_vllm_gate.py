@@ -1,5 +1,7 @@
 """The engine gate in vLLM (its CPU build, real processes, real HTTP on loopback): an EAGLE-3
-drafter overfit on the target's own answer, exported in both EAGLE-3 layouts, served by vLLM with
+drafter and an EAGLE-3.1 one (fc_norm, norm_output; llama.cpp cannot serve it, see
+test_eagle31_engines.py) overfit on the target's own answer, exported in both EAGLE-3 layouts,
+served by vLLM with
 `--speculative-config`, must reproduce vLLM's plain greedy output and have its drafts accepted, a
 full draft block included, and answer as draftsmith's loop does.
 
@@ -31,6 +33,7 @@ NAME = "smollm2-135m-instruct"
 NEW_TOKENS = 24
 DRAFT_MAX = 3
 ACCEPTANCE_FLOOR = 0.5  # as the llama.cpp gate: a lost layer id, norm or d2t gives ~0
+VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
 
 
 def require_vllm():
@@ -55,15 +58,19 @@ def overfit_export(tmp_path_factory):
     prompt = prompt_token_ids(smollm.tokenizer, load_prompt_file(prompt_file))[0]
     answer = smollm.model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
                                    do_sample=False)[0, len(prompt):].tolist()
-    checkpoint = overfit_eagle3(smollm.model, prompt + answer, len(prompt), root / "drafter")
-    return root, checkpoint, prompt_file
+    checkpoints = {variant: overfit_eagle3(smollm.model, prompt + answer, len(prompt),
+                                           root / f"drafter-{variant}", extra=extra)
+                   for variant, extra in VARIANTS.items()}
+    return root, checkpoints, prompt_file
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("layout", ["eagle3", "speculators"])
-def test_overfit_drafter_is_accepted_by_vllm(overfit_export, layout):
-    root, checkpoint, prompt_file = overfit_export
-    export = export_drafter(checkpoint, layout, root / f"export-{layout}", overwrite=True)
-    out = root / f"serve_check-{layout}"
+def test_overfit_drafter_is_accepted_by_vllm(overfit_export, layout, variant):
+    root, checkpoints, prompt_file = overfit_export
+    export = export_drafter(checkpoints[variant], layout, root / f"export-{variant}-{layout}",
+                            overwrite=True)
+    out = root / f"serve_check-{variant}-{layout}"
 
     code = main(["serve-check", str(export), "--engine", "vllm", "--target", NAME,
                  "--prompts", str(prompt_file), "--max-new-tokens", str(NEW_TOKENS),

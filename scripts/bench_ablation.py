@@ -1,0 +1,119 @@
+"""EAGLE-3 training ablation at equal wall-clock: the benchmark's EAGLE-3 recipe and data trained
+once per arm (baseline, EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`,
+held-out accuracy at draft positions 1-3 and simulated tau written to one JSON file (a benchmark,
+not a test; run it on an otherwise idle machine: the arms share its clock).
+
+    .venv/bin/python scripts/bench_ablation.py --minutes 7 \
+        --out benchmarks/ablation/smollm2-135m-eagle3.json [--arms baseline,muon] \
+        [--data-override data.limit=64 ...] [section.key=value ...]
+
+The data is the benchmark's shared preparation (`--bench`'s `data:` recipe into `--work`/data,
+resumed and reused by every arm); `--data-override`s change that data recipe (a smoke run:
+`data.regenerate=null data.limit=64 data.cache.max_minutes=1`). Every arm trains
+`--bench`'s EAGLE-3 entry with its `train:` settings, `train.max_minutes=--minutes`, then its own
+overrides; trailing `section.key=value`s apply to every arm. A finished arm is not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from draftsmith.bench.config import load_bench_config
+from draftsmith.bench.run import kind_recipe, prepare_data
+from draftsmith.config_values import apply_overrides, read_yaml_mapping
+from draftsmith.files import write_json
+from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
+from draftsmith.train.metrics import metrics_rows
+from draftsmith.train.recipe import build_recipe, recipe_schema
+
+ARMS = {
+    "baseline": [],
+    "eagle3.1": ["drafter.fc_norm=true", "drafter.norm_output=true"],
+    "tv": ["drafter.loss=tv"],
+    "lk": ["drafter.loss=lk"],
+    "ce": ["drafter.loss=ce"],
+    "ce+tv": ["drafter.loss={ce: 0.1, tv: 0.9}"],
+    "ce+dpace": ["drafter.loss=ce", "drafter.position_weights=dpace"],
+    "muon": ["train.optimizer=muon"],
+}
+POSITIONS = 3  # acc@1..3: the first three draft positions
+
+
+def arm_result(folder: Path, seconds: float) -> dict:
+    """What one arm's metrics.jsonl says: held-out accuracy, simulated tau, steps, tokens."""
+    rows = [row for _, row in metrics_rows(folder / "metrics.jsonl")]
+    final = [r for r in rows if "eval/simulated_tau" in r][-1]
+    steps = [r for r in rows if "loss" in r]
+    return {
+        **{f"acc@{k + 1}": round(final[f"eval/acc_{k}"], 4) for k in range(POSITIONS)
+           if f"eval/acc_{k}" in final},
+        "simulated_tau": round(final["eval/simulated_tau"], 4),
+        "steps": len(steps),
+        "tokens_seen": sum(r.get("tokens", 0) for r in steps),
+        "train_seconds": round(steps[-1]["seconds"], 1) if steps else None,
+        "wall_seconds": round(seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", default="recipes/bench/smollm2-135m.yaml")
+    parser.add_argument("--kind", default="eagle3", help="the bench entry trained by every arm")
+    parser.add_argument("--minutes", type=float, default=7.0, help="train.max_minutes per arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
+    parser.add_argument("--work", default="runs/bench_ablation")
+    parser.add_argument("--out", default="benchmarks/ablation/smollm2-135m-eagle3.json")
+    parser.add_argument("--data-override", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}; choose from {', '.join(ARMS)}")
+    work = Path(args.work)
+    config = load_bench_config(args.bench)
+    entry = next((e for e in config.kinds if e.label == args.kind), None)
+    if entry is None:
+        parser.error(f"{args.bench} has no kind {args.kind!r}")
+    data_recipe = read_yaml_mapping(config.data, "data recipe", "see recipes/data/")
+    apply_overrides(data_recipe, args.data_override)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "data_recipe.yaml").write_text(yaml.safe_dump(data_recipe, sort_keys=False))
+    config = replace(config, data=str(work / "data_recipe.yaml"), out_dir=str(work))
+    prepare_data(config)
+
+    results = {}
+    for arm in arms:
+        out_dir = work / arm
+        raw = kind_recipe(config, entry, max_minutes=args.minutes, max_steps=100_000,
+                          save_every=0, eval_every=0, output_dir=str(out_dir))
+        apply_overrides(raw, [*ARMS[arm], *args.overrides], recipe_schema)
+        build_recipe(raw)  # a bad override fails here, before any training
+        recipe_path = work / f"{arm}.yaml"
+        recipe_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        command = [sys.executable, "-m", "draftsmith.train", "--config", str(recipe_path)]
+        print("$", " ".join(command), flush=True)
+        start = time.perf_counter()
+        subprocess.run(command, check=True)
+        results[arm] = {"overrides": ARMS[arm], **arm_result(out_dir, time.perf_counter() - start)}
+        print(arm, json.dumps(results[arm]), flush=True)
+    best = sorted(results, key=lambda a: -results[a]["simulated_tau"])
+    payload = {"bench": args.bench, "kind": args.kind, "minutes_per_arm": args.minutes,
+               "data_overrides": args.data_override, "overrides": args.overrides,
+               "results": results, "by_simulated_tau": best, "commit": git_commit(),
+               "hardware": describe_hardware(hardware_record("cpu"))}
+    write_json(args.out, payload)
+    print(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()
