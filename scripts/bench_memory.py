@@ -1,0 +1,256 @@
+"""Memory of EAGLE-3 training on this machine, before and after bounded-memory training (issue 29):
+peak RSS of offline training from a ~100K- and a ~1M-token cache, and peak memory and time of
+one EAGLE-3 step (forward + backward) at 384 and 2048 tokens, for the code at a "before" commit
+and at this tree, alternated run by run in fresh processes.
+
+    python scripts/bench_memory.py --cache runs/bench29/bf16/cache \\
+        --vocab runs/bench29/bf16/draft_vocab.safetensors --parts step   # -> --out FILE.json
+
+The 100K cache is a real one (SmolLM2-135M-Instruct on ShareGPT first exchanges, `draftsmith data
+run`); the ~1M cache is made from it by listing its shards 10 times (hard links: the real format
+and shapes, the same bytes repeated). The step uses SmolLM2-135M's shapes (its config) with random
+hidden states and a random head of the target's size: memory and time depend on shapes only.
+Each measurement runs in its own process (`--worker`) with PYTHONPATH set to the tree measured;
+its peak is sampled from /proc/self/statm every 2 ms (step) or read from ru_maxrss (training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * PAGE
+
+
+class PeakSampler:
+    """Highest RSS seen while the block runs (a thread polling /proc every 2 ms)."""
+
+    def __enter__(self):
+        self.peak, self.running = rss_bytes(), True
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while self.running:
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+def worker_step(args) -> dict:
+    """One EAGLE-3 training step at `args.tokens` tokens (batch 1), SmolLM2-135M shapes, bf16
+    autocast as `mixed_precision: auto` picks on this CPU: peak RSS above the baseline and time."""
+    import torch
+    from transformers import AutoConfig
+
+    from draftsmith.data.draft_vocab import load_draft_vocab
+    from draftsmith.models.eagle3 import Eagle3Config
+    from draftsmith.models.features import cached_features
+    from draftsmith.registry import get_spec
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(args.target_config)
+    spec = get_spec("eagle3")
+    drafter = spec.build(config, Eagle3Config(draft_vocab_size=8192, ttt_steps=args.ttt_steps))
+    vocab = load_draft_vocab(args.vocab)
+    drafter.set_draft_vocab(vocab.d2t, vocab.t2d)
+    if args.checkpointing:
+        from draftsmith.models.layers import set_gradient_checkpointing
+
+        set_gradient_checkpointing(drafter, True)
+    layers = config.num_hidden_layers
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False).to(torch.bfloat16)
+    head.requires_grad_(False)
+    aux = spec.aux_layers(layers, drafter.config)
+    t = args.tokens
+    batch = {"input_ids": torch.randint(0, config.vocab_size, (1, t)),
+             "attention_mask": torch.ones(1, t, dtype=torch.long),
+             "loss_mask": torch.ones(1, t, dtype=torch.long)}
+    batch["loss_mask"][:, : t // 8] = 0  # a prompt
+    for i in sorted({*(a + 1 for a in aux), layers}):
+        batch[f"hidden_states.{i}"] = torch.randn(1, t, config.hidden_size, dtype=torch.bfloat16)
+    with torch.no_grad():
+        batch["target_argmax"] = head(batch[f"hidden_states.{layers}"]).argmax(-1)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = spec.loss(drafter, cached_features(batch, head, aux, layers))
+        loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    baseline = rss_bytes()
+    with PeakSampler() as sampler:
+        step()
+    peak = sampler.peak - baseline
+    times = []
+    for _ in range(args.repeats):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return {"peak_step_mib": round(peak / 2 ** 20, 1), "baseline_mib": round(baseline / 2 ** 20, 1),
+            "seconds": [round(x, 3) for x in times], "median_seconds": round(
+                statistics.median(times), 3)}
+
+
+def worker_train(args) -> dict:
+    """Offline EAGLE-3 training for a few steps from a cache folder with the tree's own reader
+    (this tree: the per-rank stream; before: the whole cache read into a list): peak RSS."""
+    import torch
+
+    from draftsmith.target import load_target
+    from draftsmith.train.loop import run_training
+    from draftsmith.train.recipe import build_recipe
+    from draftsmith.train.run import read_draft_vocab
+
+    torch.manual_seed(0)
+    target = load_target("smollm2-135m-instruct")
+    after_load = rss_bytes()
+    recipe = build_recipe({
+        "target": {"name": "smollm2-135m-instruct"},
+        "drafter": {"kind": "eagle3", "draft_vocab_size": 8192, "ttt_steps": 3},
+        "data": {"cache": {"kinds": ["eagle3"]}},
+        "train": {"features": "offline", "batch_size": 4, "max_length": 256,
+                  "max_steps": args.steps, "warmup_steps": 1, "eval_fraction": 0.01,
+                  "output_dir": args.output_dir}})
+    began = time.perf_counter()
+    try:
+        from draftsmith.train.run import stream_cache
+
+        examples = stream_cache(recipe, Path(args.cache), target)
+    except ImportError:  # before: the whole cache as a list
+        from draftsmith.train.run import read_cache
+
+        examples = read_cache(recipe, Path(args.cache), target)
+    vocab = read_draft_vocab(Path(args.vocab), int(target.model.config.vocab_size))
+    run_training(recipe, examples, target=target.model, draft_vocab=vocab)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"peak_rss_mib": round(peak / 2 ** 20, 1),
+            "rss_after_target_load_mib": round(after_load / 2 ** 20, 1),
+            "seconds": round(time.perf_counter() - began, 1)}
+
+
+def run_worker(tree: Path, mode: str, extra: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, __file__, "--worker", mode, *extra], env=env,
+                         capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"worker {mode} in {tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def million_token_cache(cache: Path, folder: Path, copies: int) -> Path:
+    """The cache's shards listed `copies` times (hard links) under one manifest."""
+    manifest = json.loads((cache / "manifest.json").read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shards = []
+    for copy in range(copies):
+        for shard in manifest["shards"]:
+            index = copy * len(manifest["shards"]) + shard["index"]
+            name = f"shard-{index:05d}.safetensors"
+            os.link(cache / shard["file"], folder / name)
+            shards.append({**shard, "index": index, "file": name})
+    manifest["shards"] = shards
+    manifest["settings"]["samples"] *= copies
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def tree_at(commit: str) -> Path:
+    """The package as of `commit`, unpacked into a temporary folder (the worktree is untouched)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"draftsmith-{commit[:7]}-"))
+    archive = subprocess.run(["git", "archive", commit, "draftsmith"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", choices=["step", "train"])
+    parser.add_argument("--cache", default="runs/bench29/bf16/cache")
+    parser.add_argument("--vocab", default="runs/bench29/bf16/draft_vocab.safetensors")
+    parser.add_argument("--target-config",
+                        default=str(Path.home() / ".cache/draftsmith/models/smollm2-135m-instruct"))
+    parser.add_argument("--before", default="fad8714", help="commit measured as 'before'")
+    parser.add_argument("--tokens", type=int, default=384)
+    parser.add_argument("--ttt-steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps after the first")
+    parser.add_argument("--rounds", type=int, default=2, help="before/after alternations")
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per RSS run")
+    parser.add_argument("--train-rounds", type=int, default=1, help="RSS runs of each kind")
+    parser.add_argument("--output-dir", default="")
+    parser.add_argument("--parts", default="step,train")
+    parser.add_argument("--out", default="benchmarks/memory/eagle3.json")
+    args = parser.parse_args()
+    if args.worker:
+        result = (worker_step if args.worker == "step" else worker_train)(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    before = tree_at(args.before)
+    trees = {"before": before, "after": ROOT}
+    common = ["--vocab", args.vocab, "--target-config", args.target_config]
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.is_file() else {}
+    if "step" in args.parts:
+        steps = {}
+        for rnd in range(args.rounds):
+            for tokens in (384, 2048):
+                for name, ckpt in (("before", False), ("after", False), ("after_checkpointing",
+                                                                        True)):
+                    tree = trees[name.split("_")[0]]
+                    extra = [*common, "--tokens", str(tokens), "--ttt-steps", str(args.ttt_steps),
+                             "--repeats", str(args.repeats), *(["--checkpointing"] if ckpt else [])]
+                    measured = run_worker(tree, "step", extra)
+                    steps.setdefault(f"{tokens}", {}).setdefault(name, []).append(measured)
+                    print(f"round {rnd} T={tokens} {name}: {measured}", flush=True)
+        result["step"] = {"batch": 1, "ttt_steps": args.ttt_steps, "runs": steps}
+    if "train" in args.parts:
+        cache = Path(args.cache)
+        big = million_token_cache(cache, cache.parent / "cache-1m", 10)
+        train = {}
+        for rnd in range(args.train_rounds):
+            for label, folder in (("100k", cache), ("1m", big)):
+                for name in ("before", "after"):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        extra = [*common, "--cache", str(folder), "--steps", str(args.steps),
+                                 "--output-dir", tmp]
+                        measured = run_worker(trees[name], "train", extra)
+                    train.setdefault(label, {}).setdefault(name, []).append(measured)
+                    print(f"round {rnd} cache {label} {name}: {measured}", flush=True)
+        tokens = {label: sum(s["tokens"] for s in json.loads(
+            (folder / "manifest.json").read_text())["shards"]) for label, folder in
+            (("100k", cache), ("1m", big))}
+        result["train"] = {"tokens": tokens, "steps": args.steps, "runs": train}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    shutil.rmtree(before, ignore_errors=True)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
