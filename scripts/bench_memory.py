@@ -150,6 +150,43 @@ def worker_train(args) -> dict:
             "seconds": round(time.perf_counter() - began, 1)}
 
 
+def worker_epoch(args) -> dict:
+    """One epoch of offline training batches (batch 4, 256 tokens, shuffled) read with the tree's
+    own reader and no model: before, the cache's samples as a list (memory-mapped views, in a
+    shuffled order); this tree, the per-rank stream. Peak RSS, and the anonymous and file-backed
+    (mapped cache pages) parts at the end."""
+    import random
+
+    from draftsmith.data.cache import FeatureCache
+    from draftsmith.train.batching import collate
+
+    cache = FeatureCache.open(args.cache)
+    keys = [f"hidden_states.{i}" for i in cache.layers]
+    began, batches = time.perf_counter(), 0
+    try:
+        from draftsmith.train.cache_stream import CacheStream
+    except ImportError:  # before
+        samples = list(cache.iter_samples(keys=keys, extras=("target_argmax",)))
+        order = list(range(len(samples)))
+        random.Random(0).shuffle(order)
+        for start in range(0, len(order) - 3, 4):
+            collate([samples[i] for i in order[start:start + 4]], 256)
+            batches += 1
+    else:
+        stream = CacheStream(cache, keys, ("target_argmax",), batch_size=4, max_length=256,
+                             seed=0, eval_fraction=0.01, rank=0, world_size=1, window=4)
+        for _ in stream.train_batches(0):
+            batches += 1
+    status = {line.split(":")[0]: int(line.split()[1])
+              for line in Path("/proc/self/status").read_text().splitlines()
+              if line.startswith(("RssAnon", "RssFile"))}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"peak_rss_mib": round(peak / 2 ** 20, 1), "batches": batches,
+            "rss_anon_end_mib": round(status["RssAnon"] / 1024, 1),
+            "rss_file_end_mib": round(status["RssFile"] / 1024, 1),
+            "seconds": round(time.perf_counter() - began, 1)}
+
+
 def run_worker(tree: Path, mode: str, extra: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, __file__, "--worker", mode, *extra], env=env,
@@ -178,6 +215,22 @@ def million_token_cache(cache: Path, folder: Path, copies: int) -> Path:
     return folder
 
 
+def compact_cache_record(runs: list[Path]) -> dict:
+    """Bytes per token and held-out accuracy of training runs that differ in the cache dtype
+    (their data folders' summary.json, their final evaluation in metrics.jsonl)."""
+    record = {}
+    for run in runs:
+        settings = json.loads((run / "drafter" / "draftsmith_drafter.json").read_text())["recipe"]
+        summary = json.loads((Path(settings["data"]["out_dir"]) / "summary.json").read_text())
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        final = [r for r in rows if "eval/acc_0" in r][-1]
+        record[settings["data"]["cache"]["dtype"]] = {
+            "run": str(run), "bytes_per_token": summary["cache"]["bytes_per_token"],
+            "cache_tokens": summary["cache"]["extraction"]["tokens"], "steps": final["step"],
+            **{k: round(v, 4) for k, v in final.items() if k.startswith("eval/")}}
+    return record
+
+
 def tree_at(commit: str) -> Path:
     """The package as of `commit`, unpacked into a temporary folder (the worktree is untouched)."""
     folder = Path(tempfile.mkdtemp(prefix=f"draftsmith-{commit[:7]}-"))
@@ -189,7 +242,7 @@ def tree_at(commit: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", choices=["step", "train"])
+    parser.add_argument("--worker", choices=["step", "train", "epoch"])
     parser.add_argument("--cache", default="runs/bench29/bf16/cache")
     parser.add_argument("--vocab", default="runs/bench29/bf16/draft_vocab.safetensors")
     parser.add_argument("--target-config",
@@ -203,19 +256,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="training steps per RSS run")
     parser.add_argument("--train-rounds", type=int, default=1, help="RSS runs of each kind")
     parser.add_argument("--output-dir", default="")
-    parser.add_argument("--parts", default="step,train")
+    parser.add_argument("--parts", default="step,train,epoch",
+                        help="step, train, epoch and/or compact")
+    parser.add_argument("--compact-runs", default="runs/bench29/train-bf16,runs/bench29/train-f8",
+                        help="compact: training output folders to compare")
     parser.add_argument("--out", default="benchmarks/memory/eagle3.json")
     args = parser.parse_args()
     if args.worker:
-        result = (worker_step if args.worker == "step" else worker_train)(args)
+        result = {"step": worker_step, "train": worker_train, "epoch": worker_epoch}[
+            args.worker](args)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.is_file() else {}
+    if "compact" in args.parts:
+        result["compact_cache"] = compact_cache_record(
+            [Path(p) for p in args.compact_runs.split(",")])
     before = tree_at(args.before)
     trees = {"before": before, "after": ROOT}
     common = ["--vocab", args.vocab, "--target-config", args.target_config]
-    out = Path(args.out)
-    result = json.loads(out.read_text()) if out.is_file() else {}
     if "step" in args.parts:
         steps = {}
         for rnd in range(args.rounds):
@@ -246,6 +306,16 @@ def main() -> None:
             (folder / "manifest.json").read_text())["shards"]) for label, folder in
             (("100k", cache), ("1m", big))}
         result["train"] = {"tokens": tokens, "steps": args.steps, "runs": train}
+    if "epoch" in args.parts:
+        cache = Path(args.cache)
+        big = million_token_cache(cache, cache.parent / "cache-1m", 10)
+        epoch = {}
+        for label, folder in (("100k", cache), ("1m", big)):
+            for name in ("before", "after"):
+                measured = run_worker(trees[name], "epoch", ["--cache", str(folder)])
+                epoch.setdefault(label, {})[name] = measured
+                print(f"epoch cache {label} {name}: {measured}", flush=True)
+        result["epoch"] = epoch
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     shutil.rmtree(before, ignore_errors=True)
