@@ -150,6 +150,37 @@ def worker_train(args) -> dict:
             "seconds": round(time.perf_counter() - began, 1)}
 
 
+def worker_attention(args) -> dict:
+    """The attention of TTT step j = ttt_steps - 1 alone, forward + backward, bf16, SmolLM2-135M's
+    heads (9 query, 3 KV, head dim 64), batch 1: `dense` = SDPA with the `ttt_masks` bool mask and
+    enable_gqa (the code before), `ttt` = `ttt_attention`. Peak RSS above the inputs, and time."""
+    import torch
+    import torch.nn.functional as F
+
+    from draftsmith.models.eagle3 import ttt_masks
+    from draftsmith.models.ttt_attention import ttt_attention
+
+    torch.manual_seed(0)
+    j, t = args.ttt_steps - 1, args.tokens
+    q = torch.randn(1, 9, t, 64, dtype=torch.bfloat16, requires_grad=True)
+    blocks = [tuple(torch.randn(1, 3, t, 64, dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2)) for _ in range(j + 1)]
+    baseline = rss_bytes()
+    with PeakSampler() as sampler:
+        began = time.perf_counter()
+        if args.which == "dense":
+            mask = ttt_masks(torch.ones(1, t, dtype=torch.long), j + 1)[-1]
+            out = F.scaled_dot_product_attention(
+                q, torch.cat([k for k, _ in blocks], 2), torch.cat([v for _, v in blocks], 2),
+                attn_mask=mask, enable_gqa=True)
+        else:
+            out = ttt_attention(q, blocks[0], blocks[1:])
+        out.float().square().sum().backward()
+        seconds = time.perf_counter() - began
+    return {"peak_mib": round((sampler.peak - baseline) / 2 ** 20, 1),
+            "seconds": round(seconds, 3)}
+
+
 def worker_epoch(args) -> dict:
     """One epoch of offline training batches (batch 4, 256 tokens, shuffled) read with the tree's
     own reader and no model: before, the cache's samples as a list (memory-mapped views, in a
@@ -242,7 +273,8 @@ def tree_at(commit: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", choices=["step", "train", "epoch"])
+    parser.add_argument("--worker", choices=["step", "train", "epoch", "attention"])
+    parser.add_argument("--which", choices=["dense", "ttt"], default="ttt")
     parser.add_argument("--cache", default="runs/bench29/bf16/cache")
     parser.add_argument("--vocab", default="runs/bench29/bf16/draft_vocab.safetensors")
     parser.add_argument("--target-config",
@@ -257,13 +289,14 @@ def main() -> None:
     parser.add_argument("--train-rounds", type=int, default=1, help="RSS runs of each kind")
     parser.add_argument("--output-dir", default="")
     parser.add_argument("--parts", default="step,train,epoch",
-                        help="step, train, epoch and/or compact")
+                        help="step, train, epoch, attention and/or compact")
     parser.add_argument("--compact-runs", default="runs/bench29/train-bf16,runs/bench29/train-f8",
                         help="compact: training output folders to compare")
-    parser.add_argument("--out", default="benchmarks/memory/eagle3.json")
+    parser.add_argument("--out", default="benchmarks/memory/step.json")
     args = parser.parse_args()
     if args.worker:
-        result = {"step": worker_step, "train": worker_train, "epoch": worker_epoch}[
+        result = {"step": worker_step, "train": worker_train, "epoch": worker_epoch,
+                  "attention": worker_attention}[
             args.worker](args)
         print("RESULT " + json.dumps(result), flush=True)
         return
@@ -306,6 +339,17 @@ def main() -> None:
             (folder / "manifest.json").read_text())["shards"]) for label, folder in
             (("100k", cache), ("1m", big))}
         result["train"] = {"tokens": tokens, "steps": args.steps, "runs": train}
+    if "attention" in args.parts:
+        attention = {}
+        for rnd in range(args.rounds):
+            for tokens in (384, 2048):
+                for which in ("dense", "ttt"):
+                    measured = run_worker(ROOT, "attention", [
+                        "--which", which, "--tokens", str(tokens), "--ttt-steps",
+                        str(args.ttt_steps)])
+                    attention.setdefault(f"{tokens}", {}).setdefault(which, []).append(measured)
+                    print(f"round {rnd} attention T={tokens} {which}: {measured}", flush=True)
+        result["attention"] = {"ttt_step": args.ttt_steps - 1, "runs": attention}
     if "epoch" in args.parts:
         cache = Path(args.cache)
         big = million_token_cache(cache, cache.parent / "cache-1m", 10)

@@ -14,12 +14,13 @@ Layout of a cache folder:
                                  to bf16 on read); about half of bf16's bytes
 
 Logits are not stored: EAGLE-3's target distribution is `lm_head(hidden_states[N])`, recomputed by
-the frozen head at training time (a V-sized row per token would cost ~V/H times the last state).
+the frozen head at training time (a V-sized row per token would cost ~V/H times the last state;
+even top-k logits do not pay: the recompute is ~2% of a step, benchmarks/memory/README.md).
 Shards are planned from the input up front, written atomically and recorded in the manifest, so a
 killed build resumes where it stopped. `FeatureCache.open` refuses a cache made by another target,
 tokenizer or weights (see `identity.TargetIdentity`), and `iter_batches` streams shards
 (memory-mapped, sample by sample) into padded batches: a plain generator, split across ranks by
-sample.
+sample. Training streams shards per rank instead (`draftsmith.train.cache_stream`).
 """
 
 from __future__ import annotations
