@@ -306,7 +306,8 @@ def main() -> None:
     if "compact" in args.parts:
         result["compact_cache"] = compact_cache_record(
             [Path(p) for p in args.compact_runs.split(",")])
-    before = tree_at(args.before)
+    before = tree_at(args.before) if {"step", "train", "epoch"} & set(args.parts.split(",")) \
+        else None
     trees = {"before": before, "after": ROOT}
     common = ["--vocab", args.vocab, "--target-config", args.target_config]
     if "step" in args.parts:
@@ -362,7 +363,8 @@ def main() -> None:
         result["epoch"] = epoch
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    shutil.rmtree(before, ignore_errors=True)
+    if before is not None:
+        shutil.rmtree(before, ignore_errors=True)
     print(f"wrote {out}")
 
 
