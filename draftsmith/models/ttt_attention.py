@@ -50,7 +50,9 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
     dk = torch.stack([_heads(k, group) for k, _ in diagonal], dim=-2)  # (B, nh, T, j, hd)
     dv = torch.stack([_heads(v, group) for _, v in diagonal], dim=-2)
     wide = torch.promote_types(q.dtype, torch.float32)  # at least float32 for the softmax
-    scores = (q.unsqueeze(-2) * dk).sum(-1).to(wide) * scale  # (B, nh, T, j)
+    # per-position dot products as batched (1, hd) @ (hd, j) products: no (B, nh, T, j, hd)
+    # elementwise product is formed
+    scores = torch.matmul(q.unsqueeze(-2), dk.transpose(-1, -2)).squeeze(-2).to(wide) * scale
     sink = torch.logsumexp(scores, dim=-1)  # (B, nh, T): the sink key's score for each query
     high = sink.to(q.dtype)
     low = (sink - high.to(wide)).to(q.dtype)
@@ -67,8 +69,8 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
     out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale)
     out = out[:, :, 1:]
     share = out[..., hd:hd + 1].to(wide)  # (B, nh, T, 1): the diagonals' part of each softmax
-    weights = torch.softmax(scores, dim=-1).unsqueeze(-1)  # within the diagonals, (B, nh, T, j, 1)
-    diagonal_part = share * (weights * dv.to(wide)).sum(-2)
+    weights = torch.softmax(scores, dim=-1).to(q.dtype).unsqueeze(-2)  # (B, nh, T, 1, j)
+    diagonal_part = share * torch.matmul(weights, dv).squeeze(-2).to(wide)
     return (out[..., :hd].to(wide) + diagonal_part).to(q.dtype)
 
 def _heads(x: torch.Tensor, group: int) -> torch.Tensor:
