@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import subprocess
 import sys
 import time
@@ -38,9 +39,8 @@ from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
 from draftsmith.registry import get_spec
 from draftsmith.target import load_target
-from draftsmith.train.batching import collate
 from draftsmith.train.recipe import load_recipe
-from draftsmith.train.run import read_cache
+from draftsmith.train.run import stream_cache
 
 
 def throughput(drafter, spec, batches, features_of, steps: int) -> dict:
@@ -167,7 +167,7 @@ def main() -> None:
     recipe = load_recipe(args.recipe, args.overrides)
     target = load_target(recipe.target.name, dtype=recipe.target.dtype)
     out_dir = Path(recipe.data["out_dir"])
-    examples = read_cache(recipe, out_dir / "cache", target)
+    stream = stream_cache(recipe, out_dir / "cache", target)
     spec, config = get_spec(recipe.kind), recipe.drafter_config()
     drafter = spec.build(target.model.config, config)
     vocab_path = out_dir / "draft_vocab.safetensors"
@@ -178,8 +178,7 @@ def main() -> None:
     layers = target.model.config.num_hidden_layers
     aux, head, size = spec.aux_layers(layers, config), target.model.get_output_embeddings(), \
         recipe.train.batch_size
-    batches = [collate(examples[i * size:(i + 1) * size], recipe.train.max_length)
-               for i in range(args.steps + 1)]
+    batches = list(itertools.islice(stream.train_batches(0), args.steps + 1))
 
     def features_of(batch):
         return cached_features(batch, head, aux, layers)

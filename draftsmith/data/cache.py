@@ -9,14 +9,18 @@ Layout of a cache folder:
         lengths          int64   (samples,)      sequence lengths, in order
         sample_index     int64   (samples,)      position of each sequence in the input list
         hidden_states.i  bf16    (tokens, H)     exactly the indices the kinds need (`features`)
+        hidden_states.i.scale  float32 (tokens,) with `dtype: float8_e4m3` only: hidden_states.i
+                                 is then float8 e4m3, each row divided by its scale (dequantised
+                                 to bf16 on read); about half of bf16's bytes
 
 Logits are not stored: EAGLE-3's target distribution is `lm_head(hidden_states[N])`, recomputed by
-the frozen head at training time (a V-sized row per token would cost ~V/H times the last state).
+the frozen head at training time (a V-sized row per token would cost ~V/H times the last state;
+even top-k logits do not pay: the recompute is ~2% of a step, benchmarks/memory/README.md).
 Shards are planned from the input up front, written atomically and recorded in the manifest, so a
 killed build resumes where it stopped. `FeatureCache.open` refuses a cache made by another target,
 tokenizer or weights (see `identity.TargetIdentity`), and `iter_batches` streams shards
 (memory-mapped, sample by sample) into padded batches: a plain generator, split across ranks by
-sample.
+sample. Training streams shards per rank instead (`draftsmith.train.cache_stream`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import hashlib
 import random
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +49,27 @@ from draftsmith.models.features import extract_features, hidden_key, num_decoder
 from draftsmith.target import DTYPES
 
 KIND = "feature_cache"
+# storage dtypes of the hidden states; float8 rows carry a float32 scale each (`scale_key`)
+FEATURE_STORAGE = {**DTYPES, "float8_e4m3": torch.float8_e4m3fn}
+FLOAT8_MAX = 448.0  # largest finite float8 e4m3fn value
+
+
+def scale_key(key: str) -> str:
+    """The per-row scales stored beside a float8 hidden-state key."""
+    return f"{key}.scale"
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, H) -> (float8 e4m3 (n, H), float32 scales (n,)): each row scaled so that its largest
+    magnitude maps to the format's largest value (an all-zero row keeps scale 1)."""
+    amax = x.detach().float().abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FLOAT8_MAX, torch.ones_like(amax))
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_rows(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float8 (n, H) and scales (n,) -> bfloat16 (n, H)."""
+    return (values.float() * scale[:, None]).to(torch.bfloat16)
 
 
 @dataclass
@@ -87,6 +113,9 @@ def extract_shard(
         offsets.append(offsets[-1] + length)
     hidden_size = model.config.get_text_config().hidden_size
     packed = {hidden_key(i): torch.empty((offsets[-1], hidden_size), dtype=dtype) for i in layers}
+    scaled = dtype == torch.float8_e4m3fn
+    if scaled:
+        packed.update({scale_key(hidden_key(i)): torch.empty(offsets[-1]) for i in layers})
     # the target's own greedy choice after every token (its head on the last hidden state): what
     # the EAGLE-3 draft vocabulary is counted from, one forward instead of one per epoch
     last = hidden_key(num_decoder_layers(model))
@@ -105,7 +134,11 @@ def extract_shard(
             choice = head(features[last].to(head.weight.dtype)).argmax(-1)
         for key, value in features.items():
             for row, i in enumerate(rows):
-                packed[key][offsets[i]: offsets[i + 1]] = value[row, : lengths[i]].to("cpu", dtype)
+                rows_of = value[row, : lengths[i]].to("cpu")
+                if scaled:
+                    rows_of, packed[scale_key(key)][offsets[i]: offsets[i + 1]] = \
+                        quantize_rows(rows_of)
+                packed[key][offsets[i]: offsets[i + 1]] = rows_of.to(dtype)
         for row, i in enumerate(rows):
             packed["target_argmax"][offsets[i]: offsets[i + 1]] = choice[row, : lengths[i]].cpu()
     packed["input_ids"] = torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32)
@@ -128,7 +161,8 @@ def build_feature_cache(
         samples: rendered conversations, in a fixed order.
         out_dir: the cache folder; a previous build with the same settings is resumed.
         kinds: drafter kinds (`features.FEATURE_KINDS`); the union of their layers is stored.
-        dtype: storage dtype of the hidden states (`bfloat16`, `float16`, `float32`).
+        dtype: storage dtype of the hidden states (`bfloat16`, `float16`, `float32`, or
+            `float8_e4m3`: half of bf16's bytes, one float32 scale per row, read back as bf16).
         batch_size, batch_tokens: at most this many sequences, and padded tokens, per forward.
         shard_tokens: tokens per shard (whole sequences, so a shard may exceed it).
         chat_template_sha256: recorded for reference (the template that rendered the samples).
@@ -160,8 +194,9 @@ def build_feature_cache(
         "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
         "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
         "vocab_size": int(text_config.vocab_size), "chat_template_sha256": chat_template_sha256,
-        "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * int(text_config.hidden_size)
-        * DTYPES[dtype].itemsize,
+        "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * (
+            int(text_config.hidden_size) * FEATURE_STORAGE[dtype].itemsize
+            + (4 if dtype == "float8_e4m3" else 0)),
     })
     report = CacheReport.start(out_dir, manifest, len(plan))
     budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
@@ -172,7 +207,7 @@ def build_feature_cache(
     for index in report.pending(manifest, sizes, "tokens", max_minutes, stop_after_shards):
         start, end = plan[index]
         began = time.perf_counter()
-        tensors = extract_shard(model, samples[start:end], layers, DTYPES[dtype], batch_size,
+        tensors = extract_shard(model, samples[start:end], layers, FEATURE_STORAGE[dtype], batch_size,
                                 batch_tokens)
         seconds = time.perf_counter() - began
         tensors["sample_index"] = torch.arange(start, end, dtype=torch.int64)
@@ -190,6 +225,37 @@ def build_feature_cache(
         bar.update(tokens)
     bar.close()
     return report
+
+
+class ShardReader:
+    """Samples of one open shard by index: `{"input_ids", "loss_mask", key..., extra...}`, each
+    read from the memory-mapped file alone. float8 hidden states come back dequantised to
+    bfloat16 (`value * row scale`)."""
+
+    def __init__(self, handle, keys: Sequence[str], extras: Sequence[str], damaged: str,
+                 float8: bool):
+        stored = set(handle.keys())
+        wanted = ["input_ids", "loss_mask", *keys]
+        scaled = list(keys) if float8 else []
+        missing = [k for k in [*wanted, *(scale_key(k) for k in scaled)] if k not in stored]
+        if missing:
+            raise DraftsmithError(damaged % ", ".join(missing))
+        self.lengths = handle.get_tensor("lengths").tolist()
+        self.offsets = [0]
+        for length in self.lengths:
+            self.offsets.append(self.offsets[-1] + length)
+        names = [*wanted, *(e for e in extras if e in stored), *(scale_key(k) for k in scaled)]
+        self.slices = {k: handle.get_slice(k) for k in names}
+        self.scaled = scaled
+
+    def sample(self, i: int) -> dict[str, torch.Tensor]:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        sample = {k: s[a:b] for k, s in self.slices.items()}
+        for key in self.scaled:
+            sample[key] = dequantize_rows(sample[key], sample.pop(scale_key(key)))
+        sample["input_ids"] = sample["input_ids"].long()
+        sample["loss_mask"] = sample["loss_mask"].long()
+        return sample
 
 
 class FeatureCache:
@@ -257,6 +323,10 @@ class FeatureCache:
                     f"the cache at {self.folder} is damaged: {shard['file']} has {size:,} bytes "
                     f"but was written with {shard['bytes']:,} (truncated or overwritten); {fix}")
 
+    def _damaged(self, shard: dict) -> str:
+        return (f"the cache at {self.folder} is damaged: {shard['file']} lacks %s; delete "
+                f"{self.folder} and run `draftsmith data run` again")
+
     def _open_shard(self, shard: dict):
         """`safe_open` of one shard; a file that does not parse is a clear error."""
         from safetensors import SafetensorError
@@ -319,26 +389,23 @@ class FeatureCache:
             rng.shuffle(shards)
         position = 0
         for shard in shards:
-            with self._open_shard(shard) as handle:
-                lengths = handle.get_tensor("lengths").tolist()
-                offsets = [0]
-                for length in lengths:
-                    offsets.append(offsets[-1] + length)
-                order = list(range(len(lengths)))
+            with self.read_shard(shard, keys, extras) as reader:
+                order = list(range(len(reader.lengths)))
                 if shuffle:
                     rng.shuffle(order)
-                stored = set(handle.keys())
-                slices = {k: handle.get_slice(k) for k in ["input_ids", "loss_mask", *keys,
-                                                           *(e for e in extras if e in stored)]}
                 for i in order:
                     position += 1
                     if (position - 1) % world_size != rank:
                         continue
-                    a, b = offsets[i], offsets[i + 1]
-                    sample = {k: s[a:b] for k, s in slices.items()}
-                    sample["input_ids"] = sample["input_ids"].long()
-                    sample["loss_mask"] = sample["loss_mask"].long()
-                    yield sample
+                    yield reader.sample(i)
+
+    @contextmanager
+    def read_shard(self, shard: dict, keys: Sequence[str], extras: Sequence[str] = ()
+                   ) -> Iterator[ShardReader]:
+        """One shard opened (memory-mapped) for reading samples by index; see `ShardReader`."""
+        with self._open_shard(shard) as handle:
+            yield ShardReader(handle, keys, extras, self._damaged(shard),
+                              self.manifest["settings"]["feature_dtype"] == "float8_e4m3")
 
     def iter_batches(
         self, batch_size: int, *, keys: Sequence[str] | None = None, shuffle: bool = False,

@@ -28,7 +28,7 @@ from draftsmith.data.features import FEATURE_KINDS
 from draftsmith.errors import DraftsmithError
 from draftsmith.target import TargetSpec
 
-FEATURE_DTYPES = ("bfloat16", "float16", "float32")
+FEATURE_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3")
 REGENERATE_BACKENDS = ("transformers", "openai")
 
 
@@ -127,7 +127,9 @@ class CacheConfig:
     # 0-based layer outputs stored besides the kinds' defaults (a drafter with custom layer_ids;
     # a training recipe sets it from its drafter section)
     aux_layers: tuple[int, ...] = ()
-    dtype: str = "bfloat16"  # storage dtype of the hidden states
+    # storage dtype of the hidden states; float8_e4m3: per-row scales, ~half of bf16's bytes,
+    # dequantised to bf16 on read (benchmarks/memory/README.md: its accuracy cost)
+    dtype: str = "bfloat16"
     batch_size: int = 32  # at most this many sequences per target forward
     batch_tokens: int = 8192  # and at most rows * longest sequence tokens
     shard_tokens: int = 32768  # tokens per safetensors shard (whole sequences; may exceed it)

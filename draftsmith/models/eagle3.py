@@ -123,10 +123,10 @@ class Eagle3Midlayer(DraftDecoderLayer):
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
 
-    def run_rows(self, embeds, hidden, cos, sin, rows, shape, mask, extra_kv):
+    def run_rows(self, embeds, hidden, cos, sin, rows, shape, extra_kv):
         """`run` on packed rows (see DraftDecoderLayer.forward_rows)."""
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, mask, extra_kv)
+        return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, extra_kv)
 
 
 class Eagle3Drafter(nn.Module):
@@ -234,13 +234,15 @@ class Eagle3Drafter(nn.Module):
         return out, self.head(out), kv
 
     def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                  rows: torch.Tensor, shape: tuple[int, int], mask: torch.Tensor,
-                  extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
-        """`step` (without logits) on packed rows: tokens (m,), hidden (m, H) and position ids
-        (m,) at flat positions `rows` of a (B, T) layout -> (h_out (m, H), padded (keys, values))."""
+                  rows: torch.Tensor, shape: tuple[int, int], extra_kv: list[KV]
+                  ) -> tuple[torch.Tensor, KV]:
+        """A training-time-test step (without logits) on packed rows: tokens (m,), hidden (m, H)
+        and position ids (m,) at flat positions `rows` of a right-padded (B, T) layout, after the
+        earlier steps' `extra_kv` -> (h_out (m, H), padded (keys, values)); the attention pattern
+        is `ttt_masks`', computed without it (`ttt_attention`)."""
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden[None], position_ids[None])
-        out, kv = self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, mask, extra_kv)
+        out, kv = self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, extra_kv)
         return self.feedback(out), kv
 
 
@@ -248,7 +250,9 @@ def ttt_masks(attention_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Attention masks of each TTT step over [block 0, ..., block j] keys.
 
     Step j (0-based): causal over block 0 (hiding padding), plus only the same position in each
-    later block 1..j. Returns bool masks of shape (B, 1, T, (j+1)*T).
+    later block 1..j. Returns bool masks of shape (B, 1, T, (j+1)*T). Training computes this
+    pattern without building it (`ttt_attention.ttt_attention`); the masks are the dense
+    reference (tests, the speculators-compatible forward).
     """
     b, t = attention_mask.shape
     device = attention_mask.device
@@ -307,7 +311,6 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     draft_ids = drafter.draft_ids()
     valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(cfg.ttt_steps)]
     needed = ttt_rows(attention_mask, valid)
-    masks = ttt_masks(attention_mask, cfg.ttt_steps)
     teacher = restrict_target_logits(target_logits_after, draft_ids)
     rows = needed[0].flatten().nonzero().squeeze(1)  # flat (B * T) positions, ascending
     hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
@@ -319,7 +322,7 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     metrics: dict[str, torch.Tensor] = {}
     for j in range(cfg.ttt_steps):
         tokens = shift_left(input_ids, 1 + j).flatten()[rows]
-        out, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), masks[j], cache)
+        out, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), cache)
         cache = [*cache, kv]
         with torch.no_grad():
             teacher_rows, target_choice = teacher(valid[j], 1 + j)

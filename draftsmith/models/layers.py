@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -19,6 +20,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+
+from draftsmith.models.ttt_attention import ttt_attention
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -132,6 +135,9 @@ class DraftDecoderLayer(nn.Module):
         self.self_attn = DraftAttention(config, attn_input_size)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        # recompute this layer's activations in backward instead of keeping them
+        # (train.gradient_checkpointing; see `set_gradient_checkpointing`)
+        self.gradient_checkpointing = False
 
     def forward(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, mask: torch.Tensor | None, past: KV | None = None,
@@ -147,6 +153,12 @@ class DraftDecoderLayer(nn.Module):
         Returns:
             (output (B, T, H), (keys, values) of the new positions only).
         """
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, attn_input, residual, cos, sin, mask, past,
+                              extra_kv, use_reentrant=False)
+        return self._forward(attn_input, residual, cos, sin, mask, past, extra_kv)
+
+    def _forward(self, attn_input, residual, cos, sin, mask, past, extra_kv):
         q, (k, v) = self.self_attn.project_kv(attn_input, cos, sin)
         keys, values = [k], [v]
         for ek, ev in reversed(extra_kv or []):
@@ -162,33 +174,48 @@ class DraftDecoderLayer(nn.Module):
 
     def forward_rows(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int],
-                     mask: torch.Tensor, extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
-        """`forward` on packed rows: the same outputs for those rows, with every row-wise part
-        (projections, norms, MLP) run on them alone and only attention in the padded layout.
+                     extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+        """One training-time-test step on packed rows: every row-wise part (projections, norms,
+        MLP) runs on those rows alone and only attention in the padded layout, through
+        `ttt_attention` (causal over block 0, the same position in later blocks; no mask).
 
         Args:
             attn_input: (m, in) and residual: (m, H): the rows at flat positions `rows` (m,) of
-                a (B, T) = `shape` layout.
+                a right-padded (B, T) = `shape` layout.
             cos, sin: RoPE tables of those rows, (1, m, hd).
-            mask: bool, broadcastable to (B, 1, T, S) over [extra_kv..., new] keys. Positions not
-                in `rows` get zero keys and values, so `mask` must hide them from every row in
-                `rows` (their own outputs are not computed).
-            extra_kv: earlier (keys, values) blocks in the padded layout, (B, nkv, T', hd) each.
+            extra_kv: earlier steps' (keys, values) in the padded layout, (B, nkv, T, hd) each:
+                block 0 first (empty at step 0, whose own keys are block 0). A position not in
+                `rows` has zero keys and values and its output is not computed; every row of a
+                later step must be a row of each earlier one (its diagonal keys).
 
         Returns:
             (output (m, H), (keys, values) of the new rows in the padded layout (B, nkv, T, hd)).
         """
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward_rows, attn_input, residual, cos, sin, rows, shape,
+                              extra_kv, use_reentrant=False)
+        return self._forward_rows(attn_input, residual, cos, sin, rows, shape, extra_kv)
+
+    def _forward_rows(self, attn_input, residual, cos, sin, rows, shape, extra_kv):
         attn = self.self_attn
         q, (k, v) = attn.project_kv(attn_input[None], cos, sin)
         q, k, v = (scatter_rows(x[0].transpose(0, 1), rows, shape) for x in (q, k, v))
-        all_k = torch.cat([*(ek for ek, _ in extra_kv), k], dim=2)
-        all_v = torch.cat([*(ev for _, ev in extra_kv), v], dim=2)
-        heads = attn.attend_heads(q, all_k, all_v, mask).transpose(1, 2)  # (B, T, nh, hd)
+        blocks = [*extra_kv, (k, v)]
+        heads = ttt_attention(q, blocks[0], blocks[1:]).transpose(1, 2)  # (B, T, nh, hd)
         # plain indexing: its backward (index_put) is several times faster than
         # index_select's (scatter_add) on CPU
         heads = heads.reshape(-1, attn.num_heads * attn.head_dim)[rows]
         h = residual + attn.o_proj(heads)
         return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+
+def set_gradient_checkpointing(module: nn.Module, enabled: bool) -> int:
+    """Turn activation recomputation on or off in every `DraftDecoderLayer` under `module`;
+    returns how many layers it applies to (0: the drafter has none, e.g. Medusa)."""
+    layers = [m for m in module.modules() if isinstance(m, DraftDecoderLayer)]
+    for layer in layers:
+        layer.gradient_checkpointing = enabled
+    return len(layers)
 
 
 def scatter_rows(x: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

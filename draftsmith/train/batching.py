@@ -49,3 +49,51 @@ def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
             choice[row, :n] = example["target_argmax"][:n].long()
         hidden["target_argmax"] = choice
     return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention, **hidden}
+
+
+class ExampleBatches:
+    """In-memory examples as the loop reads its data (the interface `CacheStream` shares):
+    a seeded held-out split, per-epoch shuffled batches split across processes by accelerate,
+    `batches_per_epoch`, `train_batches(epoch, skip)`, `eval_batches()`, `num_eval_batches()`
+    and `fingerprint()`.
+
+    Raises:
+        DraftsmithError: fewer training sequences than one global batch.
+    """
+
+    def __init__(self, examples: list[dict], cfg, accelerator):
+        from draftsmith.errors import DraftsmithError
+        from draftsmith.train.resume import examples_record
+
+        self.cfg, self.accelerator = cfg, accelerator
+        self.record = examples_record(examples)
+        self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed)
+        world = cfg.batch_size * accelerator.num_processes
+        if len(self.train_set) < world:
+            raise DraftsmithError(f"only {len(self.train_set)} training sequences for a global "
+                                  f"batch of {world}: add data or lower train.batch_size")
+        self.batches_per_epoch = len(self.train_set) // world
+        # Each DataLoader gets its own generator: iterating one otherwise draws a seed from the
+        # global RNG, so an evaluation or a resume mid-epoch would shift the training noise.
+        self.eval_loader = accelerator.prepare(self._loader(eval_set, drop_last=False))
+
+    def _loader(self, rows: list[dict], drop_last: bool):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(rows, batch_size=self.cfg.batch_size, drop_last=drop_last,
+                          collate_fn=lambda b: collate(b, self.cfg.max_length),
+                          generator=torch.Generator())
+
+    def train_batches(self, epoch: int, skip: int = 0):
+        order = epoch_order(len(self.train_set), self.cfg.seed, epoch)
+        loader = self.accelerator.prepare(self._loader([self.train_set[i] for i in order], True))
+        return self.accelerator.skip_first_batches(loader, skip) if skip else loader
+
+    def eval_batches(self):
+        return self.eval_loader
+
+    def num_eval_batches(self) -> int:
+        return len(self.eval_loader)
+
+    def fingerprint(self) -> dict:
+        return self.record

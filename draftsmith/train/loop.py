@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.features import cached_features, target_features
+from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.precision import choose_mixed_precision
 from draftsmith.registry import get_spec
-from draftsmith.train.batching import collate, epoch_order, split_examples
+from draftsmith.train.batching import ExampleBatches
 from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
+from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import save_drafter, save_state
 from draftsmith.train.joint import medusa2_loss, wrap_with_lora
 from draftsmith.train.metrics import MetricsLog, simulated_tau
@@ -100,7 +101,7 @@ def evaluate(model: LossModule, batches, accelerator) -> dict:
     sums: dict[str, float] = {}
     count = 0
     for batch in batches:
-        _, metrics = model(batch)
+        _, metrics = model({k: v.to(accelerator.device) for k, v in batch.items()})
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
         count += 1
@@ -115,13 +116,14 @@ def evaluate(model: LossModule, batches, accelerator) -> dict:
     return {**{f"eval/{k}": v for k, v in means.items()}, "eval/simulated_tau": simulated_tau(accs)}
 
 
-def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=None,
-                 draft_vocab=None) -> Path:
-    """Train a drafter on tokenized `examples` ({"input_ids", "loss_mask"} lists of ints).
+def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None,
+                 accelerator=None, draft_vocab=None) -> Path:
+    """Train a drafter on tokenized `examples` ({"input_ids", "loss_mask"} lists of ints), or on
+    batches streamed from the offline cache.
 
     Args:
         recipe: validated recipe.
-        examples: the training data (rendered conversations).
+        examples: the training data (rendered conversations), or this rank's `CacheStream`.
         target: an already loaded frozen target model (tests); None loads `recipe.target`.
         accelerator: an existing Accelerator; None creates one from the recipe.
         draft_vocab: EAGLE-3 draft vocabulary (d2t / t2d) built from the data, or None.
@@ -147,21 +149,21 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     if target is None:
         target = recipe.target.load(device="cpu").model
     target.requires_grad_(False).eval().to(accelerator.device)
-    record = run_record(recipe, target, examples, accelerator.num_processes)
+    data = examples if isinstance(examples, CacheStream) else \
+        ExampleBatches(examples, cfg, accelerator)
+    record = run_record(recipe, target, data.fingerprint(), accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
     if spec.uses_draft_vocab:
         install_draft_vocab(drafter, draft_vocab, target.config.get_text_config().vocab_size)
     drafter.init_from_target(target)
+    if cfg.gradient_checkpointing and not set_gradient_checkpointing(drafter, True):
+        accelerator.print(f"train.gradient_checkpointing: the {recipe.kind} drafter has no "
+                          "decoder layer to recompute; nothing changes")
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = spec.trains_target(drafter_config)
     if joint:
         target = wrap_with_lora(target, drafter_config)
 
-    train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed)
-    if len(train_set) < cfg.batch_size * accelerator.num_processes:
-        raise DraftsmithError(f"only {len(train_set)} training sequences for a global batch of "
-                              f"{cfg.batch_size * accelerator.num_processes}: add data or lower "
-                              "train.batch_size")
     model = LossModule(drafter, spec, target, aux_layers, joint)
     # Medusa-2: the backbone's adapters learn 4x slower than the heads
     optimizer = build_optimizer(drafter, cfg, [p for p in target.parameters() if p.requires_grad]
@@ -172,11 +174,6 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     # The schedule counts optimizer steps. A prepared scheduler would step once per process
     # (accelerate's sample-based convention), so it is stepped here, and its position is saved in
     # progress.json (accelerate's custom-object checkpoints are pickles it loads unguarded).
-    # Each DataLoader gets its own generator: iterating one otherwise draws a seed from the global
-    # RNG, so an evaluation or a resume mid-epoch would shift the training noise (inexact resume).
-    eval_loader = accelerator.prepare(DataLoader(
-        eval_set, batch_size=cfg.batch_size, collate_fn=lambda b: collate(b, cfg.max_length),
-        generator=torch.Generator()))
 
     step, progress_state = 0, {}
     resume = find_resume_checkpoint(accelerator, out_dir)
@@ -200,22 +197,19 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     log.truncate_after(step)
-    micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
-    micro_done = step * cfg.grad_accum
+    micro_per_epoch = data.batches_per_epoch
+    micro_done = step * cfg.grad_accum  # where the data stream is: epoch and batches done
+    if "data_stream" in progress_state:  # recorded by checkpoints since the streamed cache
+        stream = progress_state["data_stream"]
+        micro_done = stream["epoch"] * micro_per_epoch + stream["batches_done"]
     progress = _progress_bar(accelerator, schedule.total, step)
     step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
     padded_tokens = 0  # and with padding: what the step computes on (its cost)
     paused = False  # an evaluation or a checkpoint ran since the last step
     while step < schedule.total:
         epoch = micro_done // micro_per_epoch
-        order = epoch_order(len(train_set), cfg.seed, epoch)
-        loader = accelerator.prepare(DataLoader(
-            [train_set[i] for i in order], batch_size=cfg.batch_size, drop_last=True,
-            collate_fn=lambda b: collate(b, cfg.max_length), generator=torch.Generator()))
-        skip = micro_done - epoch * micro_per_epoch
-        if skip:
-            loader = accelerator.skip_first_batches(loader, skip)
-        for batch in loader:
+        for batch in data.train_batches(epoch, micro_done - epoch * micro_per_epoch):
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
                 with accelerator.autocast():
                     loss, metrics = model(batch)
@@ -245,7 +239,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
             if planner is not None:
                 revisable = schedule.revisable(step)
                 planner.record(row["seconds"], padded_tokens, paused)
-                final_steps = len(eval_loader) / cfg.grad_accum  # an eval batch costs <= a step
+                final_steps = data.num_eval_batches() / cfg.grad_accum  # an eval batch costs <= a step
                 if planner.ready() and step < schedule.total and _plan_total(
                         accelerator, cfg, planner, schedule, step, row["seconds"], final_steps,
                         plans == 0, log):
@@ -259,21 +253,24 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                                       "miss the budget re-times the rest of the decay")
             padded_tokens, paused = 0, False
             if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
-                log.write({"step": step, **evaluate(model, eval_loader, accelerator)})
+                log.write({"step": step, **evaluate(model, data.eval_batches(), accelerator)})
                 paused = True
             if cfg.save_every and step % cfg.save_every == 0 and step < schedule.total:
                 spent = {} if planner is None else {"budget": {
                     "spent_seconds": planner.spent_before + row["seconds"], "plans": plans,
                     "anchor": schedule.anchor}}
+                stream = {"epoch": micro_done // micro_per_epoch,
+                          "batches_done": micro_done % micro_per_epoch}
                 save_state(accelerator, out_dir, step,
                            {"total_steps": schedule.total, "planned": planner is None, **spent,
-                            "scheduler": scheduler_state(scheduler), "run": record},
+                            "scheduler": scheduler_state(scheduler), "run": record,
+                            "data_stream": stream},
                            keep=cfg.keep_checkpoints)
                 paused = True
             if step >= schedule.total:
                 break
     progress.close()
-    final_eval = evaluate(model, eval_loader, accelerator)
+    final_eval = evaluate(model, data.eval_batches(), accelerator)
     log.write({"step": step, **final_eval})
     unwrapped = accelerator.unwrap_model(model)
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,

@@ -68,6 +68,12 @@ class TrainSection:
         wandb_project: project name for wandb.
         features: "online" (the frozen target runs inside each step) or "offline" (hidden states
             read from the data pipeline's cache; needs `data.cache` with this drafter kind).
+            Offline, each process streams its own shards of the cache (`CacheStream`): host
+            memory does not grow with the cache.
+        cache_window: offline only: cache shards each process shuffles together (samples mix
+            within a window; it holds that many shards memory-mapped).
+        gradient_checkpointing: recompute the drafter's decoder layer in backward instead of
+            keeping its activations (less memory, about one more forward of the layer per step).
     """
 
     lr: float = 1e-4
@@ -93,9 +99,11 @@ class TrainSection:
     wandb: bool = False
     wandb_project: str = "draftsmith"
     features: str = "online"
+    cache_window: int = 4
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
-        positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length")
+        positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length", "cache_window")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
@@ -107,6 +115,9 @@ class TrainSection:
                                   f"{', '.join(SCHEDULES)}")
         if not 0 < self.decay_fraction <= 1:
             raise DraftsmithError(f"train.decay_fraction={self.decay_fraction} must be in (0, 1]")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise DraftsmithError(f"train.gradient_checkpointing={self.gradient_checkpointing!r}: "
+                                  "use true or false")
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
         if self.mixed_precision not in MIXED_PRECISIONS:

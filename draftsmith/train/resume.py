@@ -49,15 +49,21 @@ def examples_sha256(examples: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def run_record(recipe, target, examples: list[dict], num_processes: int) -> dict:
-    """What a checkpoint of this run records about it (JSON): settings, target, data, processes."""
+def examples_record(examples: list[dict]) -> dict:
+    """The data part of `run_record` for in-memory examples."""
+    return {"examples": len(examples), "sha256": examples_sha256(examples)}
+
+
+def run_record(recipe, target, data: dict, num_processes: int) -> dict:
+    """What a checkpoint of this run records about it (JSON): settings, target, data (its
+    fingerprint: `examples_record`, `CacheStream.fingerprint`), processes."""
     from draftsmith.data.identity import config_sha256, weights_sha256
 
     settings = json.loads(json.dumps(recipe.to_dict(), default=str))
     return {"settings": _flatten(settings),
             "target": {"name": recipe.target.name, "config_sha256": config_sha256(target.config),
                        "weights_sha256": weights_sha256(target)},
-            "data": {"examples": len(examples), "sha256": examples_sha256(examples)},
+            "data": data,
             "num_processes": num_processes}
 
 
@@ -97,6 +103,12 @@ def _start_over(folder: Path) -> str:
             "start the run over")
 
 
+def _stream_ok(stream) -> bool:
+    """`data_stream`: where the data was, {"epoch": int >= 0, "batches_done": int >= 0}."""
+    return isinstance(stream, dict) and all(
+        isinstance(stream.get(k), int) and stream[k] >= 0 for k in ("epoch", "batches_done"))
+
+
 def read_progress(folder: Path) -> dict:
     """The checked `progress.json` of a checkpoint folder.
 
@@ -119,10 +131,11 @@ def read_progress(folder: Path) -> dict:
     fields_ok = (isinstance(step, int) and isinstance(total, int) and 0 <= step <= total
                  and isinstance(progress.get("planned"), bool)
                  and isinstance(progress.get("scheduler"), dict)
-                 and isinstance(progress.get("run"), dict))
+                 and isinstance(progress.get("run"), dict)
+                 and _stream_ok(progress.get("data_stream", {"epoch": 0, "batches_done": 0})))
     if not fields_ok:
         raise DraftsmithError(f"{path} lacks or has malformed fields (step, total_steps, planned, "
-                              f"scheduler, run); {_start_over(folder)}")
+                              f"scheduler, run, data_stream); {_start_over(folder)}")
     return progress
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from draftsmith.train.cache_stream import CacheStream
 
 
 def read_tokenized(path: str | Path) -> list[dict]:
@@ -92,8 +96,10 @@ def data_recipe(recipe: Recipe):
     return DataRecipe(target=target, data=DataConfig.from_dict(data))
 
 
-def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], object | None]:
-    """Training examples and the draft vocabulary (or None) for a recipe's `data:` section.
+def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict] | CacheStream,
+                                                                  object | None]:
+    """Training examples (or, offline, this rank's stream of the cache) and the draft vocabulary
+    (or None) for a recipe's `data:` section.
 
     `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise the data pipeline runs
     (on the main process first; it resumes and skips finished work) and its rendered output is
@@ -118,20 +124,25 @@ def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict], obj
         vocab = read_draft_vocab(out_dir / "draft_vocab.safetensors",
                                  int(target.model.config.get_text_config().vocab_size))
     if recipe.train.features == "offline":
-        return read_cache(recipe, out_dir / "cache", target), vocab
+        return stream_cache(recipe, out_dir / "cache", target, accelerator.process_index,
+                            accelerator.num_processes), vocab
     return read_tokenized(tokenized), vocab
 
 
-def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
-    """Cached samples with exactly the hidden states this drafter kind reads (offline mode).
+def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
+                 world_size: int = 1) -> CacheStream:
+    """This rank's stream of the cache, with exactly the hidden states this drafter kind reads
+    (offline mode).
 
     Raises:
-        DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers.
+        DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers,
+            or too few shards or samples for the processes and batch size.
     """
     from draftsmith.data.cache import FeatureCache
     from draftsmith.data.identity import TargetIdentity
     from draftsmith.models.features import hidden_key
     from draftsmith.registry import get_spec
+    from draftsmith.train.cache_stream import CacheStream
 
     if not recipe.data.get("cache"):
         raise DraftsmithError("train.features=offline needs a data.cache section listing this "
@@ -140,8 +151,11 @@ def read_cache(recipe: Recipe, folder: Path, target) -> list[dict]:
     indices = get_spec(recipe.kind).hidden_indices(num_layers, recipe.drafter_config())
     cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
                               layers=indices)
-    return list(cache.iter_samples(keys=[hidden_key(i) for i in indices],
-                                   extras=("target_argmax",)))
+    cfg = recipe.train
+    return CacheStream(cache, [hidden_key(i) for i in indices], ("target_argmax",),
+                       batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,
+                       eval_fraction=cfg.eval_fraction, rank=rank, world_size=world_size,
+                       window=cfg.cache_window)
 
 
 def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:

@@ -103,6 +103,40 @@ def test_bf16_cache_and_bytes_per_token(setup, tmp_path):
                                online[hidden_key(4)][0, :n], rtol=1e-2, atol=1e-2)
 
 
+def test_float8_cache_halves_the_bytes_and_reads_back_within_float8_error(setup, tmp_path):
+    model = setup[0]
+    build(setup, tmp_path / "f8", dtype="float8_e4m3")
+    build(setup, tmp_path / "bf16", dtype="bfloat16")
+    f8, bf16 = FeatureCache.open(tmp_path / "f8"), FeatureCache.open(tmp_path / "bf16")
+    assert f8.manifest["bytes_per_token_layout"] == 4 + 4 + 1 + 3 * (32 + 4)  # + a row scale
+    assert f8.bytes_per_token < 0.75 * bf16.bytes_per_token
+    batch = next(f8.iter_batches(2))
+    online = extract_features(model, batch["input_ids"], batch["attention_mask"], f8.layers)
+    n = int(batch["attention_mask"][0].sum())
+    for key in (hidden_key(i) for i in f8.layers):
+        assert batch[key].dtype == torch.bfloat16 and not any(k.endswith(".scale") for k in batch)
+        exact, read = online[key][0, :n], batch[key][0, :n].float()
+        # e4m3 keeps 3 mantissa bits: within 1/16 of each value, or of the row's scale near 0
+        bound = exact.abs() / 16 + exact.abs().amax(-1, keepdim=True) / 448 * 2
+        assert bool(((read - exact).abs() <= bound).all())
+        assert float((read - exact).abs().max()) > 0  # it was stored in float8
+
+
+def test_float8_shard_without_its_scales_is_reported_damaged(setup, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    build(setup, tmp_path, dtype="float8_e4m3")
+    cache = FeatureCache.open(tmp_path)
+    first = tmp_path / cache.shards[0]["file"]
+    tensors = load_file(first)
+    del tensors[f"{hidden_key(cache.layers[0])}.scale"]
+    save_file(tensors, first)
+    cache.shards[0]["bytes"] = first.stat().st_size  # sizes match: the reader must notice
+    with pytest.raises(DraftsmithError, match=r"damaged: shard-00000.safetensors lacks "
+                                              r"hidden_states.1.scale"):
+        next(cache.iter_samples())
+
+
 def test_cache_refuses_another_target_or_tokenizer(setup, tmp_path):
     model, tokenizer, _ = setup
     build(setup, tmp_path)

@@ -1,0 +1,163 @@
+"""Training data streamed from the offline hidden-state cache, so that host memory does not grow
+with the cache: each rank reads its own shards, a window of shards at a time, shuffled within the
+window, and resumes exactly from (epoch, batches done) without reading what it skips.
+
+The held-out set is a seeded hash of each sample's position in the data (`held_out`), the same on
+every rank and in every epoch. The shards are dealt to the ranks once (a seeded shuffle, then
+every W-th); in epoch e rank r reads its shards in an order seeded by (seed, e, r), `window`
+shards at a time, each window's samples in a seeded random order. Every rank stops an epoch
+after the same number of batches (the most the rank with the fewest samples fills), so DDP ranks
+stay in step. Only the manifest's counts are needed to plan all this;
+a sample's tensors are read from the memory-mapped shard when its batch is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.data.cache import FeatureCache
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.batching import collate
+
+_MASK32 = 0xFFFFFFFF
+
+
+def held_out(positions: torch.Tensor, seed: int, fraction: float) -> torch.Tensor:
+    """Whether each sample position (int64) is held out: a 32-bit mix of (position, seed) below
+    `fraction` of its range. Deterministic, independent of shards, ranks and epochs. (n,) bool"""
+    x = (positions * 0x9E3779B1 + (seed + 1) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _MASK32
+    x = ((x ^ (x >> 12)) * 0x297A2D39) & _MASK32
+    x = x ^ (x >> 15)
+    return x < int(fraction * 2 ** 32)
+
+
+@dataclass
+class _Shard:
+    entry: dict  # the manifest's record
+    train: list[int]  # indices (in the shard) of training samples
+    held: list[int]  # and of held-out samples
+
+
+class CacheStream:
+    """Batches of a `FeatureCache` for one rank (see the module docstring).
+
+    Args:
+        cache: the opened cache.
+        keys, extras: hidden-state keys to read, and per-token extras where stored.
+        batch_size, max_length: per-rank batch rows; tokens per row (longer samples are cut).
+        seed, eval_fraction: shuffling and the held-out share (at least one sample when > 0).
+        rank, world_size: this process among all.
+        window: shards shuffled together; host memory holds at most this many mapped shards.
+
+    Raises:
+        DraftsmithError: fewer shards than processes, or too few samples for a batch per rank.
+    """
+
+    def __init__(self, cache: FeatureCache, keys: list[str], extras: tuple[str, ...], *,
+                 batch_size: int, max_length: int, seed: int, eval_fraction: float, rank: int,
+                 world_size: int, window: int):
+        self.cache, self.keys, self.extras = cache, keys, extras
+        self.batch_size, self.max_length, self.seed = batch_size, max_length, seed
+        self.rank, self.world_size, self.window = rank, world_size, window
+        entries = sorted(cache.shards, key=lambda s: s["index"])
+        if len(entries) < world_size:
+            raise DraftsmithError(
+                f"the cache at {cache.folder} has {len(entries)} shard(s) for {world_size} "
+                "training processes; each process streams its own shards: rebuild the cache with "
+                "a smaller data.cache.shard_tokens, or train on fewer processes")
+        self.shards, start = [], 0
+        for entry in entries:
+            held = held_out(torch.arange(start, start + entry["samples"]), seed, eval_fraction)
+            self.shards.append(_Shard(entry, (~held).nonzero().flatten().tolist(),
+                                      held.nonzero().flatten().tolist()))
+            start += entry["samples"]
+        if eval_fraction > 0 and not any(s.held for s in self.shards):  # hold out one at least
+            first = self.shards[0]
+            first.held, first.train = first.train[:1], first.train[1:]
+        self.num_train = sum(len(s.train) for s in self.shards)
+        self.num_held_out = sum(len(s.held) for s in self.shards)
+        order = list(range(len(self.shards)))
+        random.Random(seed).shuffle(order)
+        self.mine = [self.shards[i] for i in order[rank::world_size]]  # this rank's, for good
+        counts = [sum(len(self.shards[i].train) for i in order[r::world_size])
+                  for r in range(world_size)]
+        if min(counts) < batch_size:
+            raise DraftsmithError(
+                f"the cache at {cache.folder} gives a training process only {min(counts)} "
+                f"sequences for a batch of {batch_size} ({self.num_train} in all over "
+                f"{world_size} process(es)): add data, lower train.batch_size, or use fewer "
+                "processes")
+        # every rank takes as many batches per epoch as the rank with the fewest samples can fill
+        self.batches_per_epoch = min(counts) // batch_size
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches of `epoch` after the first `skip` (exact resume), on the CPU."""
+        shards = list(self.mine)
+        random.Random(f"{self.seed}:{epoch}:{self.rank}").shuffle(shards)
+        total, done, pending = self.batches_per_epoch, skip, []
+        if skip >= total:
+            return
+        to_skip = skip * self.batch_size
+        for w in range(0, len(shards), self.window):
+            window = shards[w:w + self.window]
+            size = sum(len(s.train) for s in window)
+            if to_skip >= size:  # planned from the manifest: skipped without reading
+                to_skip -= size
+                continue
+            order = [(k, i) for k, shard in enumerate(window) for i in shard.train]
+            random.Random(f"{self.seed}:{epoch}:{self.rank}:{w}").shuffle(order)
+            for sample in self._read(window, order[to_skip:]):
+                pending.append(sample)
+                if len(pending) == self.batch_size:
+                    yield collate(pending, self.max_length)
+                    pending, done = [], done + 1
+                    if done == total:
+                        return
+            to_skip = 0
+
+    def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's share of the held-out samples (every W-th), in data order."""
+        pending, position = [], 0
+        for shard in self.shards:
+            mine = [i for n, i in enumerate(shard.held, position) if n % self.world_size ==
+                    self.rank]
+            position += len(shard.held)
+            if not mine:
+                continue
+            for sample in self._read([shard], [(0, i) for i in mine]):
+                pending.append(sample)
+                if len(pending) == self.batch_size:
+                    yield collate(pending, self.max_length)
+                    pending = []
+        if pending:
+            yield collate(pending, self.max_length)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records about the data: the cache's inputs and shards, and the
+        split (a resumed run must stream the same)."""
+        digest = hashlib.sha256(json.dumps(
+            [self.cache.manifest["settings"]["samples_sha256"],
+             [(s.entry["file"], s.entry["bytes"], s.held) for s in self.shards]]).encode())
+        return {"examples": self.num_train + self.num_held_out, "sha256": digest.hexdigest()}
+
+    def num_eval_batches(self) -> int:
+        """Held-out batches on the rank with the most (an evaluation's cost in steps)."""
+        per_rank = -(-self.num_held_out // self.world_size)
+        return -(-per_rank // self.batch_size)
+
+    def _read(self, window: list[_Shard], order: list[tuple[int, int]]
+              ) -> Iterator[dict[str, torch.Tensor]]:
+        """Samples `(shard in window, index in shard)` in that order, the window's shards open."""
+        with ExitStack() as stack:
+            readers = [stack.enter_context(self.cache.read_shard(s.entry, self.keys, self.extras))
+                       for s in window]
+            for k, i in order:
+                yield readers[k].sample(i)

@@ -1,0 +1,160 @@
+"""Offline training streams the hidden-state cache: each rank its own shards (disjoint, every
+training sample once per epoch over the ranks, the same number of batches on each), the held-out
+set the same on every rank, resume by skipping batches without reading them, at most `window`
+shards open at once, and a killed offline run resumes to the same weights as a straight one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.render import RenderedSample
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.features import hidden_key
+from draftsmith.train import metrics as metrics_module
+from draftsmith.train.cache_stream import CacheStream, held_out
+from draftsmith.train.loop import run_training
+from draftsmith.train.recipe import build_recipe
+from tests.helpers.state import reset_accelerate
+from tests.helpers.tiny_targets import tiny_target
+
+
+class Tokenizer:
+    """Just enough of a tokenizer for the cache's identity check."""
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(128)}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """40 samples of 9..16 tokens in shards of ~48 tokens (11 shards); the first token of each
+    sample is its number, so a batch says which samples it holds."""
+    target = tiny_target("llama")
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(40):
+        length = 9 + i % 8
+        ids = [i + 2, *torch.randint(2, 128, (length - 1,), generator=gen).tolist()]
+        samples.append(RenderedSample(ids, [0] * 3 + [1] * (length - 3), str(i)))
+    folder = tmp_path_factory.mktemp("cache")
+    build_feature_cache(target, Tokenizer(), samples, folder, kinds=["eagle3"], dtype="float32",
+                        shard_tokens=48, progress=False)
+    return FeatureCache.open(folder)
+
+
+def stream(cache, rank=0, world_size=1, window=2, batch_size=3, eval_fraction=0.2):
+    return CacheStream(cache, [hidden_key(i) for i in cache.layers], ("target_argmax",),
+                       batch_size=batch_size, max_length=64, seed=7,
+                       eval_fraction=eval_fraction, rank=rank, world_size=world_size,
+                       window=window)
+
+
+def ids_of(batches):
+    return [int(b["input_ids"][r, 0]) - 2 for b in batches for r in range(b["input_ids"].shape[0])]
+
+
+def test_ranks_stream_disjoint_shards_and_share_the_held_out_set(cache):
+    assert len(cache.shards) > 4
+    one = stream(cache)
+    ranks = [stream(cache, rank=r, world_size=2) for r in range(2)]
+    held = set(ids_of(one.eval_batches()))
+    assert 0 < len(held) < 40 and one.num_held_out == len(held)
+    seen = [ids_of(r.train_batches(0)) for r in ranks]
+    assert len(seen[0]) == len(seen[1]) == ranks[0].batches_per_epoch * 3  # ranks stay in step
+    assert not set(seen[0]) & set(seen[1]) and not (set(seen[0]) | set(seen[1])) & held
+    everything = ids_of(one.train_batches(0))
+    assert len(set(everything)) == len(everything) == one.batches_per_epoch * 3
+    assert set(everything) <= set(range(40)) - held
+    assert sorted(ids_of(ranks[0].eval_batches()) + ids_of(ranks[1].eval_batches())) == \
+        sorted(held)
+    assert ids_of(one.train_batches(1)) != everything  # a new order each epoch
+    assert ids_of(stream(cache).train_batches(0)) == everything  # the same for the same epoch
+
+
+def test_resume_skips_batches_exactly_and_a_window_bounds_the_open_shards(cache, monkeypatch):
+    s = stream(cache, window=2)
+    full = list(s.train_batches(1))
+    for skip in (0, 1, 4, len(full) - 1, len(full)):
+        resumed = list(s.train_batches(1, skip))
+        assert len(resumed) == len(full) - skip
+        for a, b in zip(resumed, full[skip:], strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    opened, most = [0], [0]
+    original = FeatureCache.read_shard
+
+    def counting(self, *args):
+        context = original(self, *args)
+
+        class Counted:
+            def __enter__(self):
+                opened[0] += 1
+                most[0] = max(most[0], opened[0])
+                return context.__enter__()
+
+            def __exit__(self, *exc):
+                opened[0] -= 1
+                return context.__exit__(*exc)
+
+        return Counted()
+
+    monkeypatch.setattr(FeatureCache, "read_shard", counting)
+    list(s.train_batches(0))
+    assert most[0] == 2 and opened[0] == 0
+
+
+def test_held_out_is_a_fraction_of_positions_and_errors_name_the_fix(cache):
+    chosen = held_out(torch.arange(100_000), seed=3, fraction=0.05)
+    assert 0.045 < float(chosen.float().mean()) < 0.055
+    assert torch.equal(chosen, held_out(torch.arange(100_000), seed=3, fraction=0.05))
+    assert stream(cache, eval_fraction=1e-6).num_held_out == 1  # at least one when asked
+    with pytest.raises(DraftsmithError, match="shard_tokens, or train on fewer processes"):
+        stream(cache, world_size=len(cache.shards) + 1)
+    with pytest.raises(DraftsmithError, match=r"lower train\.batch_size"):
+        stream(cache, batch_size=40)
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_a_killed_offline_run_resumes_to_the_same_weights(cache, tmp_path, monkeypatch):
+    target = tiny_target("llama")
+
+    def recipe(name, **train):
+        return build_recipe({"drafter": {"kind": "eagle3", "draft_vocab_size": 128,
+                                         "ttt_steps": 2},
+                             "train": {"batch_size": 4, "max_steps": 10, "warmup_steps": 1,
+                                       "lr": 1e-3, "eval_fraction": 0.2, "cache_window": 2,
+                                       "mixed_precision": "no", "features": "offline",
+                                       "output_dir": str(tmp_path / name), **train}})
+
+    def fresh_stream(r):
+        return stream(cache, window=r.train.cache_window, batch_size=r.train.batch_size)
+
+    straight_recipe = recipe("a")
+    straight = run_training(straight_recipe, fresh_stream(straight_recipe), target=target)
+    reset_accelerate()
+    original = metrics_module.MetricsLog.write
+
+    def crash_at_step_10(self, row):
+        if row.get("step") == 10 and "loss" in row:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, row)
+
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_10)
+    killed = recipe("b", save_every=9)  # past the first epoch's 8 batches: the saved position
+    with pytest.raises(KeyboardInterrupt):  # is (epoch 1, batch 1)
+        run_training(killed, fresh_stream(killed), target=target)
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    reset_accelerate()
+    progress = json.loads((tmp_path / "b" / "checkpoints" / "step_9" / "progress.json")
+                          .read_text())
+    per_epoch = fresh_stream(killed).batches_per_epoch
+    assert per_epoch < 9 and progress["data_stream"] == {"epoch": 9 // per_epoch,
+                                                         "batches_done": 9 % per_epoch}
+    resumed = run_training(killed, fresh_stream(killed), target=target)
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
