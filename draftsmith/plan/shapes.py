@@ -94,7 +94,7 @@ def target_config(name: str, config_path: str | None = None, trust_remote_code: 
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name), str(path)
     shipped = shipped_configs()
     if name in shipped:
-        return _from_dict(shipped[name], f"draftsmith/plan/{SHIPPED} ({name})")
+        return _from_dict(shipped[name], f"shipped in draftsmith/plan/{SHIPPED}")
     try:
         config = AutoConfig.from_pretrained(name, local_files_only=True,
                                             trust_remote_code=trust_remote_code)
