@@ -8,9 +8,9 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   gradients and AdamW's two float32 states for every trained parameter; DDP adds gradient buckets
   of the same size, FSDP shards weights, gradients and states over the ranks and gathers the full
   weights for the step;
-- online, the target's forward under no_grad holds every layer's hidden state until it returns
-  (`output_hidden_states`); then the states the drafter reads and the target's full-vocabulary
-  logits on trained positions live through the step;
+- online, the target's forward under no_grad keeps the hidden states the drafter reads
+  (`models/features.extract_features`) beside one layer's working set; then those states and the
+  target's full-vocabulary logits on trained positions live through the step;
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
   its rows (every real token at step 0, trained positions after), the keys/values of every step
   so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's
@@ -74,8 +74,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class Term:
-    """One line of a plan: `bytes` per rank; `peak` says whether it counts towards the peak
-    (the target's forward and the drafter's step happen one after the other)."""
+    """One line of a plan: `bytes` per rank and the `phase` that holds it (the target's forward
+    and the drafter's step happen one after the other; static terms are held throughout)."""
 
     name: str
     bytes: int
@@ -116,9 +116,9 @@ def static_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
 
 
 def target_forward_bytes(s: ModelShapes, cfg: Settings) -> int:
-    """Online: every hidden state the target's forward returns, plus one MLP's working set."""
+    """Online: the hidden states kept, one layer's input and output, and its MLP's working set."""
     tokens = cfg.batch * cfg.length
-    return tokens * ((s.layers + 1) * s.hidden + 3 * s.intermediate) * cfg.target_bytes
+    return tokens * ((s.hidden_indices + 2) * s.hidden + 3 * s.intermediate) * cfg.target_bytes
 
 
 def feature_bytes(s: ModelShapes, cfg: Settings) -> int:
@@ -214,7 +214,7 @@ def plan_memory(s: ModelShapes, cfg: Settings) -> Plan:
     """Every term of one rank's memory for `cfg`."""
     terms = static_terms(s, cfg)
     if cfg.online:
-        terms.append(Term("target forward (all hidden states, one MLP)",
+        terms.append(Term("target forward (states read, one layer working)",
                           target_forward_bytes(s, cfg), "forward"))
     terms.append(Term("target features + teacher logits" + (" (online)" if cfg.online else
                                                            " (from the cache)"),
