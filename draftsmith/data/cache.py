@@ -195,6 +195,7 @@ def build_feature_cache(
     bar = tqdm(total=sum(sizes[i] for i in mine), desc=f"hidden states{budget}",
                unit="tok", disable=not progress, smoothing=0.1)
     bar.update(sum(s["tokens"] for s in own["shards"]))
+    written: list[dict] = []  # this call's shards, as this rank records them
     for index in report.pending(own, sizes, "tokens", max_minutes, stop_after_shards,
                                 owns=ranks.owns):
         start, end = plan[index]
@@ -213,9 +214,9 @@ def build_feature_cache(
             "seconds": round(seconds, 3),
         }
         if ranks.distributed:
+            written.append(entry)
             own["shards"] = [*own["shards"], entry]
-            write_json(rank_record(out_dir, ranks.rank),
-                       {"shards": [s for s in own["shards"] if s["index"] in mine]})
+            write_json(rank_record(out_dir, ranks.rank), {"shards": written})
         else:
             record_shard(out_dir, manifest, entry)
         report.wrote(seconds, tokens)
