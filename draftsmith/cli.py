@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.data.cli import add_data_parser
     from draftsmith.eval.cli import add_eval_parser
     from draftsmith.export.cli import add_export_parser, add_push_parser
+    from draftsmith.plan.cli import add_plan_parser
     from draftsmith.serving.serve_check_cli import add_serve_check_parser
 
     add_data_parser(verbs)
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=1e-4")
     train.set_defaults(func=cmd_train)
 
+    add_plan_parser(verbs)
     add_eval_parser(verbs)
 
     add_export_parser(verbs)

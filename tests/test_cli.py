@@ -5,7 +5,8 @@ import sys
 
 from draftsmith.cli import main
 
-VERBS = ("models", "generate", "machine", "data", "train", "eval", "export", "push", "bench")
+VERBS = ("models", "generate", "machine", "data", "train", "eval", "export", "push", "bench",
+         "plan")
 
 
 def test_help_lists_every_verb():

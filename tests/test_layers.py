@@ -12,7 +12,7 @@ Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
   5  engines                                          llama.cpp and vLLM processes
   6  data, export                                     data preparation; serving formats
   7  train, eval                                      training; the evaluation harness
-  8  serving, bench                                   serve-check; the benchmark
+  8  serving, bench, plan                             serve-check; the benchmark; memory plans
   9  cli, __main__                                    commands
 
 Imports inside a function count too: a late import is still a dependency.
@@ -35,7 +35,7 @@ LAYERS = [
     ("engines",),
     ("data", "export"),
     ("train", "eval"),
-    ("serving", "bench"),
+    ("serving", "bench", "plan"),
     ("cli", "__main__"),
 ]
 LAYER_OF = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}

@@ -41,10 +41,20 @@ from tqdm.auto import tqdm
 from draftsmith.data.batching import collate, plan_batches
 from draftsmith.data.features import layers_for_kind, layers_for_kinds
 from draftsmith.data.identity import TargetIdentity
+from draftsmith.data.ranks import ONE_PROCESS, Ranks
 from draftsmith.data.render import RenderedSample
-from draftsmith.data.shards import MANIFEST, ShardReport, open_run, read_manifest, record_shard
+from draftsmith.data.shards import (
+    MANIFEST,
+    ShardReport,
+    done_shards,
+    merge_rank_records,
+    open_run,
+    rank_record,
+    read_manifest,
+    record_shard,
+)
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import write_atomic
+from draftsmith.files import write_atomic, write_json
 from draftsmith.models.features import extract_features, hidden_key, num_decoder_layers
 from draftsmith.target import DTYPES
 
@@ -152,7 +162,7 @@ def build_feature_cache(
     kinds: Sequence[str], dtype: str = "bfloat16", batch_size: int = 32,
     batch_tokens: int = 8192, shard_tokens: int = 32768, chat_template_sha256: str | None = None,
     stop_after_shards: int | None = None, progress: bool = True, max_minutes: float | None = None,
-    aux_layers: Sequence[int] = (),
+    aux_layers: Sequence[int] = (), ranks: Ranks = ONE_PROCESS,
 ) -> CacheReport:
     """Run the frozen target over rendered samples and store the hidden states `kinds` need.
 
@@ -173,6 +183,10 @@ def build_feature_cache(
             (`shards.budget_has_room`); the cache then holds a prefix of the samples and counts
             as complete.
         aux_layers: 0-based layer outputs to store besides the kinds' defaults.
+        ranks: the processes sharing the build (`data/ranks.py`): each writes the shards it owns
+            and records them in its own file; rank 0 opens the manifest first and merges every
+            rank's records into it once all have finished. The budget and `stop_after_shards`
+            count per rank. Rank 0's report sums every rank's; the others report their own.
 
     Raises:
         DraftsmithError: `out_dir` holds a cache with other settings, or no samples were given.
@@ -190,21 +204,35 @@ def build_feature_cache(
         "target": identity.to_json(), "layers": list(layers), "feature_dtype": dtype,
         "shard_tokens": shard_tokens, "samples": len(samples), "samples_sha256": samples_sha256(samples),
     }
-    manifest = open_run(out_dir, KIND, settings, extra={
-        "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
-        "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
-        "vocab_size": int(text_config.vocab_size), "chat_template_sha256": chat_template_sha256,
-        "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * (
-            int(text_config.hidden_size) * FEATURE_STORAGE[dtype].itemsize
-            + (4 if dtype == "float8_e4m3" else 0)),
-    })
-    report = CacheReport.start(out_dir, manifest, len(plan))
-    budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
-    bar = tqdm(total=sum(len(s.input_ids) for s in samples), desc=f"hidden states{budget}",
-               unit="tok", disable=not progress, smoothing=0.1)
-    bar.update(sum(s["tokens"] for s in manifest["shards"]))
+    def opened() -> dict:
+        return open_run(out_dir, KIND, settings, extra={
+            "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
+            "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
+            "vocab_size": int(text_config.vocab_size),
+            "chat_template_sha256": chat_template_sha256,
+            "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * (
+                int(text_config.hidden_size) * FEATURE_STORAGE[dtype].itemsize
+                + (4 if dtype == "float8_e4m3" else 0)),
+        })
+
+    manifest = opened() if ranks.is_main else None
+    if ranks.distributed and ranks.is_main:
+        merge_rank_records(out_dir, manifest)  # of a shared run killed before it merged
+    ranks.barrier()
+    manifest = manifest or opened()  # the other ranks: rank 0's, checked against their settings
+    # the shards this rank writes and has written (one process: all, the manifest itself)
+    own = {"shards": [s for s in manifest["shards"] if ranks.owns(s["index"])]} \
+        if ranks.distributed else manifest
+    mine = [i for i in range(len(plan)) if ranks.owns(i)]
+    report = CacheReport(out_dir, len(mine), shards_skipped=len(done_shards(own) & set(mine)))
     sizes = [sum(len(s.input_ids) for s in samples[start:end]) for start, end in plan]
-    for index in report.pending(manifest, sizes, "tokens", max_minutes, stop_after_shards):
+    budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
+    bar = tqdm(total=sum(sizes[i] for i in mine), desc=f"hidden states{budget}",
+               unit="tok", disable=not progress, smoothing=0.1)
+    bar.update(sum(s["tokens"] for s in own["shards"]))
+    written: list[dict] = []  # this call's shards, as this rank records them
+    for index in report.pending(own, sizes, "tokens", max_minutes, stop_after_shards,
+                                owns=ranks.owns):
         start, end = plan[index]
         began = time.perf_counter()
         tensors = extract_shard(model, samples[start:end], layers, FEATURE_STORAGE[dtype], batch_size,
@@ -215,16 +243,34 @@ def build_feature_cache(
         write_atomic(out_dir / name, lambda tmp, t=tensors: save_file(t, str(tmp)))
         tokens = int(tensors["lengths"].sum())
         size = (out_dir / name).stat().st_size
-        record_shard(out_dir, manifest, {
+        entry = {
             "index": index, "file": name, "samples": end - start, "tokens": tokens,
             "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
             "seconds": round(seconds, 3),
-        })
+        }
+        if ranks.distributed:
+            written.append(entry)
+            own["shards"] = [*own["shards"], entry]
+            write_json(rank_record(out_dir, ranks.rank), {"shards": written})
+        else:
+            record_shard(out_dir, manifest, entry)
         report.wrote(seconds, tokens)
         report.bytes_written += size
         bar.update(tokens)
     bar.close()
-    return report
+    if not ranks.distributed:
+        return report
+    parts = ranks.gather(report)  # also waits for every rank's last shard
+    if ranks.is_main:
+        merge_rank_records(out_dir, manifest)
+    ranks.barrier()
+    if not ranks.is_main:
+        return report
+    return CacheReport(
+        out_dir, sum(p.shards_total for p in parts), sum(p.shards_written for p in parts),
+        sum(p.shards_skipped for p in parts), sum(p.tokens for p in parts),
+        sum(p.seconds for p in parts), any(p.budget_reached for p in parts),
+        sum(p.bytes_written for p in parts))
 
 
 class ShardReader:

@@ -1,6 +1,7 @@
 """The `draftsmith data` verb: run a data recipe, show how conversations render, inspect outputs.
 
     draftsmith data run --config recipes/data/smollm2-135m-sharegpt.yaml [data.limit=64 ...]
+    accelerate launch -m draftsmith data run --config RECIPE   # N processes share the cache
     draftsmith data show --target smollm2-135m-instruct --source sharegpt --limit 2
     draftsmith data info runs/data/smollm2-135m-sharegpt/cache
 
@@ -18,12 +19,20 @@ from draftsmith.errors import DraftsmithError
 
 
 def cmd_data_run(args: argparse.Namespace) -> int:
+    """One process, or several under `accelerate launch` that split the hidden-state cache
+    (rank 0 regenerates, renders, merges the cache manifest and reports)."""
     from draftsmith.data.config import load_data_recipe
     from draftsmith.data.pipeline import run_data_recipe
+    from draftsmith.data.ranks import launched_ranks, leave
 
-    recipe = load_data_recipe(args.config, args.overrides)
-    run_data_recipe(recipe, stop_after_shards=args.stop_after_shards,
-                    progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
+    recipe = load_data_recipe(args.config, args.overrides)  # checked before the group forms
+    ranks = launched_ranks()
+    try:
+        run_data_recipe(recipe, stop_after_shards=args.stop_after_shards,
+                        progress=not args.no_progress and ranks.is_main,
+                        log=lambda m: print(m, file=sys.stderr), ranks=ranks)
+    finally:
+        leave(ranks)
     return 0
 
 
@@ -127,7 +136,8 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     actions = data.add_subparsers(dest="data_action", metavar="ACTION", required=True)
 
     run = actions.add_parser("run", help="run a data recipe (regenerate, cache, draft vocab)")
-    run.add_argument("--config", required=True, help="a recipe YAML, e.g. recipes/data/*.yaml")
+    run.add_argument("--config", required=True, help="a data recipe YAML (recipes/data/*.yaml) "
+                     "or a training recipe (its target and data sections)")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                      help="recipe overrides, e.g. data.limit=64 data.regenerate.max_new_tokens=128")
     run.add_argument("--stop-after-shards", type=positive_int_arg, default=None,

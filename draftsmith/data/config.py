@@ -246,17 +246,41 @@ class DataRecipe:
     data: DataConfig
 
 
+def data_for_drafter(data: dict, drafter: dict) -> dict:
+    """A training recipe's `data:` section with the layer outputs its drafter chose (EAGLE-3
+    `layer_ids`) added to the cache's `aux_layers`: the cache must hold what the drafter reads."""
+    from draftsmith.registry import get_spec
+
+    spec = get_spec(drafter.get("kind", ""))
+    custom = spec.custom_aux_layers(spec.make_config(
+        {k: v for k, v in drafter.items() if k != "kind"}))
+    data = dict(data)
+    if custom and isinstance(data.get("cache"), dict):
+        data["cache"] = {**data["cache"], "aux_layers": sorted(
+            {*data["cache"].get("aux_layers", ()), *custom})}
+    return data
+
+
 def load_data_recipe(path: str | Path, overrides: list[str] | None = None) -> DataRecipe:
-    """Read and validate a data recipe, overrides applied on top of the file.
+    """Read and validate a data recipe, overrides applied on top of the file. A training recipe
+    is one too: its `target:` and `data:` sections (the drafter's layers in the cache, the target
+    on `device: auto` unless it names one); `drafter:` and `train:` are not read otherwise.
 
     Raises:
         DraftsmithError: a missing file, bad YAML, unknown keys or invalid values.
     """
     values = read_yaml_mapping(path, "recipe", "see recipes/data/ for examples")
     apply_overrides(values, overrides or [], {"target": TargetSpec, "data": DataConfig})
-    unknown = sorted(set(values) - {"target", "data"})
+    training = {"drafter", "train"} & set(values)
+    unknown = sorted(set(values) - {"target", "data", "drafter", "train"})
     if unknown:
         raise DraftsmithError(f"unknown section(s) {', '.join(unknown)} in {path}; "
-                              "valid sections: target, data")
-    return DataRecipe(target=_build(TargetSpec, values.get("target") or {}, "target"),
-                      data=DataConfig.from_dict(values.get("data") or {}))
+                              "valid sections: target, data (and a training recipe's drafter, "
+                              "train)")
+    data = values.get("data") or {}
+    target = dict(values.get("target") or {})
+    if training:
+        data = data_for_drafter(data, values.get("drafter") or {})
+        target.setdefault("device", "auto")
+    return DataRecipe(target=_build(TargetSpec, target, "target"),
+                      data=DataConfig.from_dict(data))

@@ -29,9 +29,15 @@ from draftsmith.data.draft_vocab import (
     token_counts,
 )
 from draftsmith.data.identity import TargetIdentity, text_sha256
+from draftsmith.data.ranks import ONE_PROCESS, Ranks
 from draftsmith.data.regenerate import regenerate
 from draftsmith.data.regeneration_server import open_regeneration_server
-from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
+from draftsmith.data.render import (
+    RenderedSample,
+    RenderStats,
+    render_conversations,
+    resolve_chat_template,
+)
 from draftsmith.data.shards import check_run_target, read_manifest
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
@@ -47,7 +53,7 @@ def _throughput(manifest: dict, tokens_key: str) -> dict:
 
 def run_data_recipe(
     recipe: DataRecipe, *, stop_after_shards: int | None = None, progress: bool = True,
-    log: Callable[[str], None] = print, target=None,
+    log: Callable[[str], None] = print, target=None, ranks: Ranks = ONE_PROCESS,
 ) -> dict:
     """Run every step the recipe asks for and return (and write) the summary.
 
@@ -56,12 +62,67 @@ def run_data_recipe(
         stop_after_shards: stop each sharded step after this many new shards (a later run resumes).
         progress: show progress bars.
         log: where one-line reports go.
-        target: the recipe's target already loaded (`draftsmith.target.Target`); None loads it.
+        target: the recipe's target already loaded (`draftsmith.target.Target`); None loads it
+            (on the rank's device when several processes share the run).
+        ranks: the processes of the run (`data/ranks.py`). Rank 0 runs every step; the others
+            wait for its rendered samples and write their share of the hidden-state cache
+            (they return an empty summary).
 
     Raises:
         DraftsmithError: any user-fixable problem (source, target, template, settings), and a
             source or rendering that leaves no conversations (nothing is written then).
     """
+    if not ranks.is_main:
+        return _cache_share(recipe, ranks, stop_after_shards, target, log)
+    released = []
+
+    def release(status: str) -> None:  # the other ranks wait for this, once
+        if ranks.distributed and not released:
+            released.append(ranks.share(status))
+
+    try:
+        return _run_steps(recipe, stop_after_shards, progress, log, target, ranks, release)
+    finally:
+        release("stopped")  # nothing for them to cache: an unfinished step, no cache, an error
+
+
+def _cache_share(recipe: DataRecipe, ranks: Ranks, stop_after_shards: int | None,
+                 target, log: Callable[[str], None]) -> dict:
+    """A rank other than 0: load the target on this rank's device meanwhile, wait for rank 0's
+    rendered samples (`tokenized.jsonl`), then write this rank's shards of the cache."""
+    target = target or recipe.target.load(device=ranks.device)
+    if ranks.share(None) != "ready":
+        return {}
+    data = recipe.data
+    with open(Path(data.out_dir) / "tokenized.jsonl", encoding="utf-8") as handle:
+        samples = [RenderedSample(row["input_ids"], row["loss_mask"], row["id"])
+                   for row in map(json.loads, handle)]
+    report = _build_cache(recipe, target.model, target.tokenizer, samples, None,
+                          stop_after_shards, False, ranks)
+    log(f"rank {ranks.rank} of {ranks.world_size}: wrote {report.shards_written} cache shard(s) "
+        f"({report.tokens:,} tokens); {report.shards_skipped} of its {report.shards_total} were "
+        "written before")
+    return {}
+
+
+def _build_cache(recipe: DataRecipe, model, tokenizer, samples: list[RenderedSample],
+                 template: str | None, stop_after_shards: int | None, progress: bool,
+                 ranks: Ranks):
+    """The recipe's hidden-state cache step (this rank's share of it)."""
+    cache = recipe.data.cache
+    return build_feature_cache(
+        model, tokenizer, samples, Path(recipe.data.out_dir) / "cache", kinds=cache.kinds,
+        dtype=cache.dtype, batch_size=cache.batch_size, batch_tokens=cache.batch_tokens,
+        shard_tokens=cache.shard_tokens,
+        chat_template_sha256=text_sha256(template) if template is not None else None,
+        stop_after_shards=stop_after_shards, progress=progress, max_minutes=cache.max_minutes,
+        aux_layers=cache.aux_layers, ranks=ranks)
+
+
+def _run_steps(recipe: DataRecipe, stop_after_shards: int | None, progress: bool,
+               log: Callable[[str], None], target, ranks: Ranks,
+               release: Callable[[str], None]) -> dict:
+    """Every step on rank 0 (`release("ready")` once the other ranks can cache)."""
     data = recipe.data
     out_dir = Path(data.out_dir)
     summary: dict = {"target": asdict(recipe.target), "data": data.to_dict()}
@@ -76,7 +137,7 @@ def run_data_recipe(
     summary["cleaning"] = cleaning.to_json()
 
     if target is None:
-        target = recipe.target.load()
+        target = recipe.target.load(device=ranks.device)
     model, tokenizer = target.model, target.tokenizer
     template = resolve_chat_template(tokenizer, data.chat_template)
     identity = TargetIdentity.of(model, tokenizer)
@@ -159,13 +220,9 @@ def run_data_recipe(
 
     if data.cache is not None:
         folder = out_dir / "cache"
-        report = build_feature_cache(
-            model, tokenizer, samples, folder, kinds=data.cache.kinds, dtype=data.cache.dtype,
-            batch_size=data.cache.batch_size, batch_tokens=data.cache.batch_tokens,
-            shard_tokens=data.cache.shard_tokens,
-            chat_template_sha256=text_sha256(template), stop_after_shards=stop_after_shards,
-            progress=progress, max_minutes=data.cache.max_minutes,
-            aux_layers=data.cache.aux_layers)
+        release("ready")
+        report = _build_cache(recipe, model, tokenizer, samples, template, stop_after_shards,
+                              progress, ranks)
         cache = FeatureCache.open(folder, expect=identity)
         summary["cache"] = {
             "folder": str(folder), "complete": report.complete, "layers": list(cache.layers),
@@ -197,6 +254,25 @@ def run_data_recipe(
         summary["draft_vocab"] = {"path": str(path), "size": data.draft_vocab_size,
                                   "coverage": round(vocab.coverage, 6), "counted_from": source}
     return _finish(out_dir, summary, log)
+
+
+def unfinished(recipe: DataRecipe) -> str | None:
+    """Why the recipe's data is not ready to train on (None when every step it asks for has
+    finished with these settings), read from `summary.json` without loading anything."""
+    data = recipe.data
+    out_dir = Path(data.out_dir)
+    summary = read_json_dict(out_dir / "summary.json")
+    if summary is None or not (out_dir / "tokenized.jsonl").is_file():
+        return f"{out_dir} holds no finished data run"
+    if json.loads(json.dumps(summary.get("data"), default=str)) != \
+            json.loads(json.dumps(data.to_dict(), default=str)):
+        return f"{out_dir} was prepared with other data settings"
+    for step, configured in (("regeneration", data.regenerate), ("cache", data.cache)):
+        if configured is not None and not (summary.get(step) or {}).get("complete"):
+            return f"its {step} step has not finished"
+    if data.draft_vocab_size is not None and "draft_vocab" not in summary:
+        return "its draft vocabulary is not built"
+    return None
 
 
 def _finish(out_dir: Path, summary: dict, log: Callable[[str], None]) -> dict:

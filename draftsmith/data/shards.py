@@ -13,7 +13,7 @@ wall-clock budget (`max_minutes`, summed over runs) closes the run, and what one
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +115,41 @@ def record_shard(folder: Path, manifest: dict, entry: dict) -> None:
     write_json(Path(folder) / MANIFEST, manifest)
 
 
+def rank_record(folder: Path, rank: int) -> Path:
+    """Where process `rank` of a run shared by several records the shards it wrote (rank 0
+    folds these into the manifest, `merge_rank_records`: one writer per file)."""
+    return Path(folder) / f"manifest.rank-{rank}.json"
+
+
+def merge_rank_records(folder: Path, manifest: dict) -> int:
+    """Fold the shards other processes recorded (`rank_record`) into the manifest, save it and
+    delete those records. A recorded shard counts only when its file is on disk with the size it
+    was recorded with (a record written before a kill is redone otherwise). Returns how many
+    shards were added.
+
+    Raises:
+        DraftsmithError: a record that is not valid JSON (the message names it).
+    """
+    added = 0
+    for path in sorted(Path(folder).glob("manifest.rank-*.json")):
+        try:
+            entries = json.loads(path.read_text(encoding="utf-8"))["shards"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise DraftsmithError(f"{path} is damaged ({err}); delete it (its shards are "
+                                  "redone) and run `draftsmith data run` again") from None
+        for entry in entries:
+            shard = Path(folder) / entry["file"]
+            if shard.is_file() and shard.stat().st_size == entry["bytes"]:
+                manifest["shards"] = [s for s in manifest["shards"]
+                                      if s["index"] != entry["index"]] + [entry]
+                added += 1
+    manifest["shards"].sort(key=lambda s: s["index"])
+    write_json(Path(folder) / MANIFEST, manifest)
+    for path in Path(folder).glob("manifest.rank-*.json"):
+        path.unlink()
+    return added
+
+
 def next_shard_seconds(manifest: dict, size: int, size_key: str) -> float | None:
     """How long a shard of `size` work units (`size_key` of a manifest entry: conversations,
     tokens) should take: the mean time of the latest finished shards, or proportionally less for
@@ -179,7 +214,8 @@ class ShardReport:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
     def pending(self, manifest: dict, sizes: Sequence[int], size_key: str,
-                max_minutes: float | None, stop_after_shards: int | None) -> Iterator[int]:
+                max_minutes: float | None, stop_after_shards: int | None,
+                owns: Callable[[int], bool] | None = None) -> Iterator[int]:
         """The indices of the shards still to write, in order (count each with `wrote`).
 
         Args:
@@ -188,10 +224,12 @@ class ShardReport:
             size_key: the manifest entries' field of work units (`count`, `tokens`).
             max_minutes: the budget (`budget_has_room`); stopping for it sets `budget_reached`.
             stop_after_shards: stop after this many new shards (None: no limit).
+            owns: which shard indices this process writes (several processes share a run);
+                None = all.
         """
         done = done_shards(manifest)
         for index, size in enumerate(sizes):
-            if index in done:
+            if index in done or (owns is not None and not owns(index)):
                 continue
             if stop_after_shards is not None and self.shards_written >= stop_after_shards:
                 return

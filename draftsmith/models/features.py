@@ -56,10 +56,12 @@ def num_decoder_layers(model) -> int:
 def extract_features(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int]
 ) -> dict[str, torch.Tensor]:
-    """Selected hidden states of the frozen target, without computing logits.
+    """Selected hidden states of the frozen target, without computing logits; only those are
+    kept while the decoder runs (forward hooks on the layers that produce them).
 
     Args:
-        model: a transformers causal LM (its decoder is run with `output_hidden_states=True`).
+        model: a transformers causal LM whose decoder (`get_decoder()`) runs `layers` in order
+            and returns the final-norm state as `last_hidden_state`.
         input_ids: (B, T) token ids; right padding keeps real tokens' states independent of it.
         attention_mask: (B, T) 1 on real tokens.
         layer_ids: `hidden_states` indices (see the module docstring), each in [0, N].
@@ -75,9 +77,32 @@ def extract_features(
     if bad:
         raise DraftsmithError(f"hidden-state indices {bad} are outside [0, {num_layers}] for a "
                               f"target with {num_layers} layers")
-    outputs = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                  output_hidden_states=True, use_cache=False)
-    return {hidden_key(i): outputs.hidden_states[i] for i in sorted(set(layer_ids))}
+    decoder = model.get_decoder()
+    layers = decoder.layers
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep_input(index):  # hidden_states[0]: what the first layer is fed
+        def hook(module, args, kwargs):
+            kept[hidden_key(index)] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def keep_output(index):  # hidden_states[i]: layer i - 1's output
+        def hook(module, args, output):
+            kept[hidden_key(index)] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    # only the requested states are held, not all N + 1 as `output_hidden_states` would
+    handles = [layers[0].register_forward_pre_hook(keep_input(0), with_kwargs=True)
+               if i == 0 else layers[i - 1].register_forward_hook(keep_output(i))
+               for i in sorted(set(layer_ids)) if i < num_layers]
+    try:
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if num_layers in layer_ids:  # after the final norm
+        kept[hidden_key(num_layers)] = outputs.last_hidden_state
+    return {hidden_key(i): kept[hidden_key(i)] for i in sorted(set(layer_ids))}
 
 
 @dataclass

@@ -84,36 +84,41 @@ def read_draft_vocab(path: Path, vocab_size: int):
 
 def data_recipe(recipe: Recipe):
     """The data pipeline's recipe for a training recipe (same target, its `data:` section)."""
-    from draftsmith.data.config import DataConfig, DataRecipe
-    from draftsmith.registry import get_spec
+    from draftsmith.data.config import DataConfig, DataRecipe, data_for_drafter
 
     target = replace(recipe.target, device="cpu")  # a data recipe's default; train loads it
-    data = dict(recipe.data)
-    custom = get_spec(recipe.kind).custom_aux_layers(recipe.drafter_config())
-    if custom and isinstance(data.get("cache"), dict):  # the cache must hold what this drafter reads
-        data["cache"] = {**data["cache"], "aux_layers": sorted(
-            {*data["cache"].get("aux_layers", ()), *custom})}
-    return DataRecipe(target=target, data=DataConfig.from_dict(data))
+    return DataRecipe(target=target,
+                      data=DataConfig.from_dict(data_for_drafter(recipe.data, recipe.drafter)))
 
 
-def build_examples(recipe: Recipe, accelerator, target) -> tuple[list[dict] | CacheStream,
-                                                                  object | None]:
+def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path = "RECIPE"
+                   ) -> tuple[list[dict] | CacheStream, object | None]:
     """Training examples (or, offline, this rank's stream of the cache) and the draft vocabulary
     (or None) for a recipe's `data:` section.
 
-    `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise the data pipeline runs
-    (on the main process first; it resumes and skips finished work) and its rendered output is
-    read back. `target` is the loaded `draftsmith.target.Target` (loaded once for everything).
+    `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise one process runs the
+    data pipeline first (it resumes and skips finished work) and its rendered output is read
+    back. Several processes only read data prepared before (`draftsmith data run`, its own step).
+    `target` is the loaded `draftsmith.target.Target` (loaded once for everything).
+
+    Raises:
+        DraftsmithError: several processes and data that is not prepared (naming the command).
     """
-    from draftsmith.data.pipeline import run_data_recipe
+    from draftsmith.data.pipeline import run_data_recipe, unfinished
 
     data = dict(recipe.data)
     if "tokenized" in data:
         return read_tokenized(data["tokenized"]), None
     prepared = data_recipe(recipe)
-    with accelerator.main_process_first():
-        if accelerator.is_main_process:
-            run_data_recipe(prepared, log=accelerator.print, target=target)
+    if accelerator.num_processes == 1:
+        run_data_recipe(prepared, log=accelerator.print, target=target)
+    elif (why := unfinished(prepared)) is not None:
+        raise DraftsmithError(
+            f"a {accelerator.num_processes}-process `train` does not prepare its data ({why}): "
+            "rank 0 would regenerate and cache while the other ranks wait past the process "
+            "group's timeout. Prepare it first as its own step (several processes split the "
+            f"hidden-state extraction): `accelerate launch -m draftsmith data run --config "
+            f"{recipe_path}` with the same data.* overrides, then launch the training again")
     out_dir = Path(prepared.data.out_dir)
     tokenized = out_dir / "tokenized.jsonl"
     if not tokenized.is_file():
@@ -195,7 +200,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         # and regeneration and caching inside `train` compute there too
         target = recipe.target.load(device=str(accelerator.device))
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
-        examples, vocab = build_examples(recipe, accelerator, target)
+        examples, vocab = build_examples(recipe, accelerator, target, path)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
                             draft_vocab=vocab)
     finally:

@@ -33,9 +33,9 @@ def test_extract_features_matches_the_full_forward(family):
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     n = model.config.num_hidden_layers
-    features = extract_features(model, ids, mask, [0, 2, n])
+    features = extract_features(model, ids, mask, [0, 2, n - 1, n])
     full = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    for i in (0, 2, n):
+    for i in (0, 2, n - 1, n):
         torch.testing.assert_close(features[hidden_key(i)], full.hidden_states[i], rtol=0, atol=0)
     torch.testing.assert_close(model.lm_head(features[hidden_key(n)]), full.logits)
     with pytest.raises(DraftsmithError, match="outside"):

@@ -68,7 +68,7 @@ def test_mask_token_is_the_chosen_one_else_the_config_s_pad_or_eos():
     assert resolve_mask_token(config, None) == 0
     config.pad_token_id = None
     assert resolve_mask_token(config, None) == 1
-    with pytest.raises(DraftsmithError, match="outside the target's vocabulary 0..127"):
+    with pytest.raises(DraftsmithError, match=r"outside the target.s vocabulary 0\.\.127"):
         resolve_mask_token(config, 128)
 
 

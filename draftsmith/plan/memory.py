@@ -1,0 +1,286 @@
+"""Per-rank memory of one EAGLE-3 training step as the loop runs it, from shapes alone (pure
+functions: sizes in, bytes out), and the verdict against a device's memory.
+
+What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
+
+- the frozen target, whole on every rank (it stays outside the wrapped module, so FSDP does not
+  shard it), in the target dtype; the drafter in float32 (its frozen embedding included), its
+  gradients and AdamW's two float32 states for every trained parameter; DDP adds gradient buckets
+  of the same size, FSDP shards weights, gradients and states over the ranks and gathers the full
+  weights for the step;
+- online, the target's forward under no_grad keeps the hidden states the drafter reads
+  (`models/features.extract_features`) beside one layer's working set; then those states and the
+  target's full-vocabulary logits on trained positions live through the step;
+- per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
+  its rows (every real token at step 0, trained positions after), the keys/values of every step
+  so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's
+  float32 log-probabilities and teacher probabilities on trained rows.
+
+Attention: a dense bool mask with GQA is refused by CUDA's flash and memory-efficient kernels,
+so on a GPU SDPA takes the math path, which upcasts to float32 and keeps (B, heads, T, (j+1)T)
+probabilities per step; torch's CPU flash kernel takes the mask and keeps only a log-sum-exp
+row. `blockwise` is what a kernel that accepts the mask structure keeps (the CPU figure).
+
+Sizes are upper bounds for a batch of B sequences at max length with a `trained_fraction` of
+their positions trained (1.0 = every one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from draftsmith.plan.shapes import ModelShapes
+
+F32 = 4
+# not in torch's allocator: the CUDA context (an allowance, not measured here); on a CPU the Python
+# process with torch, transformers and accelerate loaded (0.45 GB measured on a 2-core AMD EPYC
+# Zen 4 with torch 2.13) plus the tokenizer
+RUNTIME_BYTES = {"cuda": 1_000_000_000, "cpu": 500_000_000}
+FITS_BELOW = 0.9  # of the device's memory: the rest is the allocator's fragmentation margin
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The recipe's run settings a plan depends on.
+
+    Attributes:
+        batch: sequences per rank per micro-step (train.batch_size).
+        length: tokens per sequence (train.max_length).
+        target_bytes: bytes per target weight and activation (2 bf16/fp16, 4 float32).
+        act_bytes: bytes per drafter activation (2 under bf16/fp16 autocast, else 4).
+        processes: ranks.
+        sharding: `ddp` or `fsdp` (`none` for one process).
+        online: the target runs inside each step (train.features=online).
+        cache_bytes: bytes per cached hidden-state value (offline features).
+        checkpointing: the decoder layer is recomputed in backward (train.gradient_checkpointing).
+        device: `cuda` or `cpu`.
+        attention: `math` (dense scores kept) or `blockwise`.
+        trained_fraction: share of positions trained (their next token is in the loss mask).
+    """
+
+    batch: int
+    length: int
+    target_bytes: int
+    act_bytes: int
+    processes: int = 1
+    sharding: str = "none"
+    online: bool = True
+    cache_bytes: int = 2
+    checkpointing: bool = False
+    device: str = "cuda"
+    attention: str = "math"
+    trained_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of a plan: `bytes` per rank and the `phase` that holds it (the target's forward
+    and the drafter's step happen one after the other; static terms are held throughout)."""
+
+    name: str
+    bytes: int
+    phase: str  # "static", "forward" (target forward) or "step" (drafter forward + backward)
+
+
+def default_attention(device: str) -> str:
+    """The attention path the current code gets on `device` (see the module docstring)."""
+    return "math" if device == "cuda" else "blockwise"
+
+
+def static_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
+    """Weights, gradients, optimizer states and the runtime: held for the whole run."""
+    n = cfg.processes
+    drafter = (s.drafter_trainable + s.drafter_frozen) * F32 + s.drafter_buffer_bytes
+    trained = s.drafter_trainable * F32
+    terms = [Term("target weights (whole, every rank)", s.target_params * cfg.target_bytes,
+                  "static")]
+    if cfg.sharding == "fsdp" and n > 1:
+        terms += [
+            Term(f"drafter weights fp32 (1/{n} shard)", drafter // n, "static"),
+            Term("drafter weights gathered for the step",
+                 (s.drafter_trainable + s.drafter_frozen) * cfg.act_bytes, "step"),
+            Term(f"drafter gradients fp32 (1/{n} shard)", trained // n, "static"),
+            Term(f"AdamW states fp32 (1/{n} shard)", 2 * trained // n, "static"),
+        ]
+    else:
+        terms += [
+            Term("drafter weights fp32 (frozen embedding included)", drafter, "static"),
+            Term("drafter gradients fp32", trained, "static"),
+            Term("AdamW states fp32 (exp_avg, exp_avg_sq)", 2 * trained, "static"),
+        ]
+        if cfg.sharding == "ddp" and n > 1:
+            terms.append(Term("DDP gradient buckets", trained, "static"))
+    runtime = "CUDA context" if cfg.device == "cuda" else "Python, torch, transformers"
+    terms.append(Term(f"runtime ({runtime})", RUNTIME_BYTES[cfg.device], "static"))
+    return terms
+
+
+def target_forward_bytes(s: ModelShapes, cfg: Settings) -> int:
+    """Online: the hidden states kept, one layer's input and output, and its MLP's working set."""
+    tokens = cfg.batch * cfg.length
+    return tokens * ((s.hidden_indices + 2) * s.hidden + 3 * s.intermediate) * cfg.target_bytes
+
+
+def feature_bytes(s: ModelShapes, cfg: Settings) -> int:
+    """The hidden states the drafter reads and the teacher logits, live through the step."""
+    tokens = cfg.batch * cfg.length
+    trained = int(tokens * cfg.trained_fraction)
+    states = s.hidden_indices * tokens * s.hidden * cfg.target_bytes
+    if cfg.online:  # the full-vocabulary head on trained rows, then its draft-vocabulary slice
+        logits = trained * (s.vocab + s.draft_vocab) * cfg.target_bytes
+    else:  # the cache's argmax: only the draft vocabulary's rows of the head are applied
+        states += s.hidden_indices * tokens * s.hidden * cfg.cache_bytes
+        logits = (trained + s.hidden) * s.draft_vocab * cfg.target_bytes
+    return states + logits
+
+
+def layer_row_bytes(s: ModelShapes, cfg: Settings) -> int:
+    """Saved tensors of the decoder layer per row it computes (projections, norms, MLP)."""
+    a, h, q = cfg.act_bytes, s.hidden, s.heads * s.head_dim
+    kv = 2 * s.kv_heads * s.head_dim
+    norms = 3 * h * (F32 + a)  # two input norms and the post-attention norm (float32 inside)
+    return (norms + 2 * h * a + (q + kv) * a  # 2H attention input, q/k/v before scattering
+            + q * a + h * a  # o_proj input, residual sum
+            + 4 * s.drafter_intermediate * a + h * a)  # MLP: gate, silu, up, product; input
+
+
+def attention_step_bytes(s: ModelShapes, cfg: Settings, j: int) -> tuple[int, int]:
+    """(saved, transient) bytes of TTT step j's attention over (j+1)T keys."""
+    b, t, a = cfg.batch, cfg.length, cfg.act_bytes
+    keys = (j + 1) * t
+    padded = b * t * (2 * s.heads + 2 * s.kv_heads) * s.head_dim * a  # q, out; new k, v
+    concat = 2 * b * s.kv_heads * keys * s.head_dim * a  # [cache..., new] keys and values
+    mask = b * t * keys  # bool
+    if cfg.attention == "math":  # float32: q, K/V expanded to every head, probabilities
+        scores = b * s.heads * t * keys * F32
+        kept = b * s.heads * (t + 2 * keys) * s.head_dim * F32 + scores
+        return padded + concat + mask + kept, 2 * scores  # backward: probs' and scores' grads
+    return padded + concat + mask + b * s.heads * t * F32, 0
+
+
+def head_row_bytes(s: ModelShapes, cfg: Settings) -> int:
+    """Per trained row and step: final norm, head input, float32 log-probs and teacher probs."""
+    return s.hidden * (F32 + 2 * cfg.act_bytes) + 2 * s.draft_vocab * F32
+
+
+def step_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
+    """What the drafter's forward keeps for backward, summed over the TTT steps, and the largest
+    temporary on top of it."""
+    tokens = cfg.batch * cfg.length
+    trained = int(tokens * cfg.trained_fraction)
+    rows = [tokens] + [trained] * (s.ttt_steps - 1)
+    layer = [r * layer_row_bytes(s, cfg) for r in rows]
+    attention = [attention_step_bytes(s, cfg, j) for j in range(s.ttt_steps)]
+    head = trained * head_row_bytes(s, cfg)
+    fuse = tokens * 3 * s.hidden * cfg.act_bytes  # fc input
+    transient = max(max(t for _, t in attention),
+                    trained * s.draft_vocab * (cfg.act_bytes + 2 * F32))  # logits, float copy
+    if cfg.checkpointing:  # each step keeps its inputs and its K/V; one step is recomputed
+        kv = [2 * cfg.batch * s.kv_heads * cfg.length * s.head_dim * cfg.act_bytes] * s.ttt_steps
+        kept_layer = sum(r * s.hidden * cfg.act_bytes * 2 for r in rows) + sum(kv)
+        recompute = max(lay + att for lay, (att, _) in zip(layer, attention, strict=True))
+        terms = [Term("decoder layer (checkpointed: step inputs, keys/values)", kept_layer, "step"),
+                 Term("one step recomputed in backward", recompute, "step")]
+    else:
+        terms = [Term(f"decoder layer activations ({s.ttt_steps} TTT steps)", sum(layer), "step"),
+                 Term(f"TTT attention ({cfg.attention}, {s.ttt_steps} steps)",
+                      sum(a for a, _ in attention), "step")]
+    return [
+        Term("fused features (fc input)", fuse, "step"),
+        *terms,
+        Term(f"draft head log-probs + teacher probs fp32 ({s.ttt_steps} steps)",
+             head * s.ttt_steps, "step"),
+        Term("largest temporary (attention scores' gradients or the head's logits)",
+             transient, "step"),
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan's terms and its peak (static + the larger of the two phases)."""
+
+    terms: list[Term]
+    settings: Settings
+
+    def phase(self, name: str) -> int:
+        return sum(t.bytes for t in self.terms if t.phase == name)
+
+    @property
+    def peak(self) -> int:
+        return self.phase("static") + max(self.phase("forward"), self.phase("step"))
+
+
+def plan_memory(s: ModelShapes, cfg: Settings) -> Plan:
+    """Every term of one rank's memory for `cfg`."""
+    terms = static_terms(s, cfg)
+    if cfg.online:
+        terms.append(Term("target forward (states read, one layer working)",
+                          target_forward_bytes(s, cfg), "forward"))
+    terms.append(Term("target features + teacher logits" + (" (online)" if cfg.online else
+                                                           " (from the cache)"),
+                      feature_bytes(s, cfg), "step"))
+    terms += step_terms(s, cfg)
+    return Plan(terms, cfg)
+
+
+def verdict(peak: int, memory: int) -> str:
+    """`fits`, `tight` (above FITS_BELOW of the memory: fragmentation may break it) or
+    `does not fit`."""
+    if peak <= FITS_BELOW * memory:
+        return "fits"
+    return "tight" if peak <= memory else "does not fit"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A recipe change and the peak it gives."""
+
+    what: str
+    settings: Settings
+    peak: int
+
+
+def changes_that_fit(s: ModelShapes, cfg: Settings, memory: int, accum: int) -> list[Change]:
+    """Single changes to the recipe after which the plan fits, smallest step first: a smaller
+    batch (grad_accum raised to keep the global batch), gradient checkpointing, FSDP sharding of
+    the drafter, a block-wise attention kernel, a shorter max length. Empty when it already fits
+    or nothing single does."""
+    def fits(new: Settings) -> int | None:
+        peak = plan_memory(s, new).peak
+        return peak if verdict(peak, memory) == "fits" else None
+
+    found: list[Change] = []
+    for batch in range(cfg.batch - 1, 0, -1):
+        peak = fits(replace(cfg, batch=batch))
+        if peak is not None:
+            global_batch = cfg.batch * accum
+            new_accum = -(-global_batch // batch)
+            found.append(Change(f"train.batch_size={batch} train.grad_accum={new_accum} (same "
+                                f"{global_batch} sequences per rank per step)",
+                                replace(cfg, batch=batch), peak))
+            break
+    options = [
+        ("train.gradient_checkpointing=true", replace(cfg, checkpointing=True),
+         not cfg.checkpointing),
+        ("FSDP (recipes/accelerate/fsdp.yaml): the drafter's weights, gradients and AdamW "
+         "states sharded over the ranks", replace(cfg, sharding="fsdp"),
+         cfg.processes > 1 and cfg.sharding != "fsdp"),
+        ("a block-wise TTT attention kernel (no dense scores)", replace(cfg, attention="blockwise"),
+         cfg.attention == "math"),
+    ]
+    for what, new, applies in options:
+        peak = fits(new) if applies else None
+        if peak is not None:
+            found.append(Change(what, new, peak))
+    for length in (cfg.length * 3 // 4, cfg.length // 2, cfg.length // 4):
+        peak = fits(replace(cfg, length=length)) if length > 0 else None
+        if peak is not None:
+            found.append(Change(f"train.max_length={length}", replace(cfg, length=length), peak))
+            break
+    return found
+
+
+def cache_bytes_per_token(s: ModelShapes, value_bytes: float) -> float:
+    """Offline cache bytes per token: the hidden states read (`value_bytes` each), input id
+    (int32), loss mask (uint8) and the target's argmax (int32), as `data/cache.py` writes."""
+    return s.hidden_indices * s.hidden * value_bytes + 4 + 1 + 4
