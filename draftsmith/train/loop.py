@@ -35,6 +35,7 @@ from draftsmith.train.resume import (
     run_record,
     scheduler_state,
 )
+from draftsmith.train.target_parts import gathered, holds_whole, local_numel
 
 
 def make_accelerator(recipe: Recipe):
@@ -145,12 +146,15 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
 
     if target is None:
         target = recipe.target.load(device="cpu").model
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval()
+    if holds_whole(target):  # a sharded or partly loaded target is already on its device
+        target.to(accelerator.device)
     record = run_record(recipe, target, examples, accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
     if spec.uses_draft_vocab:
         install_draft_vocab(drafter, draft_vocab, target.config.get_text_config().vocab_size)
-    drafter.init_from_target(target)
+    with gathered(target.get_input_embeddings(), target.get_output_embeddings()):
+        drafter.init_from_target(target)
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = spec.trains_target(drafter_config)
     if joint:
@@ -201,6 +205,10 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     log.truncate_after(step)
+    held = accelerator.gather(torch.tensor([local_numel(target)], device=accelerator.device))
+    log.write({"step": step, "target_parameters_per_rank": held.tolist()})
+    accelerator.print("frozen target parameters held per rank: "
+                      + ", ".join(f"{int(n):,}" for n in held))
     micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
     micro_done = step * cfg.grad_accum
     progress = _progress_bar(accelerator, schedule.total, step)
@@ -233,7 +241,7 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
             if not accelerator.sync_gradients:
                 continue
             step += 1
-            loss = loss.detach()
+            loss, metrics = mean_over_processes(accelerator, loss, metrics)
             tokens = int(accelerator.reduce(torch.tensor(step_tokens, device=accelerator.device),
                                             "sum"))
             step_tokens = 0
@@ -281,6 +289,19 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
                         out_dir, lora_target=unwrapped.target if joint else None)
     accelerator.end_training()
     return path
+
+
+def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
+                        ) -> tuple[torch.Tensor, dict]:
+    """The step's loss and metrics averaged over processes (each computed its own batch's), so
+    the log shows the whole batch's: equal to one process's run on it when the processes' shares
+    weigh the same (equal trained-token counts)."""
+    names = sorted(metrics)
+    local = torch.stack([loss.detach().float().reshape(()), *(
+        torch.as_tensor(metrics[k], dtype=torch.float32, device=loss.device).reshape(())
+        for k in names)])
+    mean = accelerator.reduce(local, reduction="mean")
+    return mean[0], dict(zip(names, mean[1:], strict=True))
 
 
 def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
