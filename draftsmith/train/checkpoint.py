@@ -107,10 +107,12 @@ def _custom_template(recipe) -> str | None:
 
 
 def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
-                 eval_metrics: dict, out_dir: Path, lora_target=None) -> Path:
+                 eval_metrics: dict, out_dir: Path, lora_target=None,
+                 target_parameters_per_rank: list[int] | None = None) -> Path:
     """Save the trained drafter's weights, whole (gathered on every rank when FSDP sharded them),
     and what is needed to rebuild and check it; with a LoRA-trained target (Medusa-2) its adapter
-    goes to `lora/` (safetensors)."""
+    goes to `lora/` (safetensors). `target_parameters_per_rank`: the frozen target's parameter
+    elements each process held (FSDP shards them), recorded in the metadata."""
     from draftsmith.registry import get_spec
 
     final = out_dir / "drafter"
@@ -127,6 +129,7 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
                                                                 config)),
             "training_steps": step,
             "num_processes": accelerator.num_processes,
+            "target_parameters_per_rank": target_parameters_per_rank,
             "lora": lora_target is not None,
             "eval": eval_metrics,
             "chat_template": _custom_template(recipe),

@@ -206,9 +206,8 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     log.truncate_after(step)
     held = accelerator.gather(torch.tensor([local_numel(target)], device=accelerator.device))
-    log.write({"step": step, "target_parameters_per_rank": held.tolist()})
-    accelerator.print("frozen target parameters held per rank: "
-                      + ", ".join(f"{int(n):,}" for n in held))
+    held = [int(n) for n in held]  # recorded with the drafter: the target's share on each rank
+    accelerator.print(f"frozen target parameters held per rank: {', '.join(f'{n:,}' for n in held)}")
     micro_per_epoch = len(train_set) // (cfg.batch_size * accelerator.num_processes)
     micro_done = step * cfg.grad_accum
     progress = _progress_bar(accelerator, schedule.total, step)
@@ -286,7 +285,8 @@ def run_training(recipe: Recipe, examples: list[dict], target=None, accelerator=
     log.write({"step": step, **final_eval})
     unwrapped = accelerator.unwrap_model(model)
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
-                        out_dir, lora_target=unwrapped.target if joint else None)
+                        out_dir, lora_target=unwrapped.target if joint else None,
+                        target_parameters_per_rank=held)
     accelerator.end_training()
     return path
 
