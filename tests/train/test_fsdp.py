@@ -90,3 +90,18 @@ def test_two_process_fsdp_shards_the_target_and_matches_one_process(tmp_path):
     torch.testing.assert_close(loaded.module.fc.weight, b["fc.weight"])
     out = export_drafter(tmp_path / "two/drafter", "eagle3", tmp_path / "export")
     assert (out / "config.json").is_file()
+
+
+def test_sharded_target_and_drafter_gather_back_whole(tmp_path):
+    """2 processes: `load_sharded_target`'s shards gather to the checkpoint exactly, and an FSDP2
+    drafter's `full_state_dict` (what `save_drafter` writes) equals its unsharded weights."""
+    save_tiny_target(tmp_path / "target")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).parents[2]))
+    run = run_or_explain(lambda: [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()), "-m", "tests.helpers.fsdp_gather_check",
+        str(tmp_path / "target")], env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("ok")
