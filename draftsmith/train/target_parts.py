@@ -132,11 +132,15 @@ def untie_output_head(model) -> dict[str, str]:
 def shard_units(model) -> list[nn.Module]:
     """The FSDP units of a frozen causal LM: each decoder layer, then every other module that
     holds parameters of its own (embeddings, final norm, output head), innermost first."""
-    layers = list(model.get_decoder().layers)
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise DraftsmithError(f"{type(model).__name__} keeps no `layers` list in its decoder, so "
+                              "draftsmith cannot shard it layer by layer; train it without FSDP "
+                              "(recipes/accelerate/ddp.yaml)")
     inside = {id(p) for layer in layers for p in layer.parameters()}
     others = [m for m in model.modules()
               if any(id(p) not in inside for p in m.parameters(recurse=False))]
-    return layers + others
+    return [*layers, *reversed(others)]  # a nested unit is sharded before its parent
 
 
 def read_rows(files: dict[str, Path], name: str, rows: slice | None, dtype) -> torch.Tensor:
