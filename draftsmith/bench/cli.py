@@ -17,6 +17,9 @@ def add_bench_parser(verbs) -> None:
                        help="benchmark config (recipes/bench/*.yaml); repeat for several targets")
     bench.add_argument("--stages", default=",".join(STAGES),
                        help="comma list of data, train, eval (each resumes); none = report only")
+    bench.add_argument("--device", default=None,
+                       help="cpu | cuda | cuda:N | auto: where every stage computes (default: "
+                       "each config's `device`, itself auto: a GPU when one is visible)")
     bench.add_argument("--report", default="BENCHMARKS.md",
                        help="markdown file to regenerate from the results")
     bench.set_defaults(func=cmd_bench)
@@ -32,7 +35,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bad = sorted(set(stages) - set(STAGES))
     if bad:
         raise DraftsmithError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
-    configs = [load_bench_config(path) for path in args.config]  # all checked before any work
+    # all checked before any work
+    configs = [load_bench_config(path, args.device) for path in args.config]
     benches = []
     for config in configs:
         path = run_bench(config, stages)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
-from draftsmith.engines.engine_env import own_engine_python
+from draftsmith.engines.engine_env import own_engine_python, require_gpu_engine
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_methods, split_method
 from draftsmith.registry import get_spec, served_by
@@ -163,6 +163,10 @@ class BenchConfig:
         engine: the engine check (`bench/engine_stage.py`): an EAGLE-3 drafter's label and
             optionally draft_max, limit and max_new_tokens (default: the eval's chain length,
             limit and new tokens); empty = none.
+        device: where every stage computes: `auto` (a GPU when one is visible), `cpu`, `cuda` or
+            `cuda:N`; data preparation, training (a `cpu` run hides the GPUs from it), the
+            evaluations (passes comparing int8 targets run on the CPU: CPU kernels) and the
+            engine check. `draftsmith bench --device` overrides it.
     """
 
     target: str
@@ -178,27 +182,39 @@ class BenchConfig:
     speedup_bar: float | None = None
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
     engine: dict = field(default_factory=dict)  # {drafter, draft_max, limit, max_new_tokens, engines}
+    device: str = "auto"
     path: str = ""
 
     def kind(self, label: str) -> KindEntry:
         return next(k for k in self.kinds if k.label == label)
 
     def target_spec(self) -> TargetSpec:
-        """The target's settings as one checked `TargetSpec` (training places it on each
-        process's device, the evaluation on the eval's default device).
+        """The target's settings as one checked `TargetSpec` (each stage places it on
+        `compute_device()`; training on its process's device, which that decides).
 
         Raises:
             DraftsmithError: an empty target or an unknown dtype, named as the file's keys.
         """
         return TargetSpec(self.target, self.dtype, device=None, where="")
 
+    def compute_device(self) -> str:
+        """`device` resolved (`auto`: cuda when a GPU is visible, else cpu).
+
+        Raises:
+            DraftsmithError: an unknown device, or CUDA where no GPU is visible.
+        """
+        from draftsmith.target import resolve_device
+
+        return str(resolve_device(self.device, "device"))
+
 
 def _section(cls, values, where: str, **extra):
     return build_dataclass(cls, values, where, **extra)
 
 
-def load_bench_config(path: str | Path) -> BenchConfig:
-    """Read and check a benchmark file; every referenced recipe must exist."""
+def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfig:
+    """Read and check a benchmark file; every referenced recipe must exist. `device` (the
+    command line's `--device`) replaces the file's."""
     raw = read_yaml_mapping(path, "benchmark config", "see recipes/bench/")
     kinds = raw.pop("kinds", None) or {}
     if not isinstance(kinds, dict) or not kinds:
@@ -212,8 +228,14 @@ def load_bench_config(path: str | Path) -> BenchConfig:
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
+    if device is not None:
+        from draftsmith.target import resolve_device
+
+        resolve_device(device, "--device")  # named as the flag it came from
+        config.device = device
     try:
         config.target_spec()
+        config.compute_device()
     except DraftsmithError as err:
         raise DraftsmithError(f"{path}: {err}") from None
     for where, spec in [("eval", {"check_lossless": evaluation.check_lossless}),
@@ -272,6 +294,7 @@ def _check_engine(config: BenchConfig, path) -> None:
                               f"{', '.join(ENGINES)}; {hint}")
     for engine in engines:  # a $DRAFTSMITH_*_PYTHON naming no engine fails now, not after training
         own_engine_python(engine)
+        require_gpu_engine(engine, config.compute_device())
     labels = {k.label: k for k in config.kinds}
     if spec["drafter"] not in labels:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is not in `kinds` "

@@ -61,7 +61,7 @@ def _check_one(config: BenchConfig, engine: str, log) -> dict:
     settings = ServeCheckSettings(draft_max=spec.get("draft_max", config.eval.num_draft_tokens),
                                   max_new_tokens=spec.get("max_new_tokens",
                                                           config.eval.max_new_tokens),
-                                  loop=True, engine=engine)
+                                  loop=True, engine=engine, device=config.compute_device())
     log(f"engine check: {spec['drafter']} in {engine}, {len(prompts)} prompts")
     try:
         return run_serve_check(export, config.target, prompts, folder, settings, log=log)

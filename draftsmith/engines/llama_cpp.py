@@ -17,10 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.engines.engine_env import engine_environment, engine_info, engines_dir
+from draftsmith.engines.engine_env import (
+    engine_environment,
+    engine_info,
+    engines_dir,
+    gpu_environment,
+)
 from draftsmith.engines.server_process import ServerProcess, free_port
 from draftsmith.errors import DraftsmithError
 
+ALL_LAYERS = 999  # llama.cpp's `-ngl 999`: every layer that fits offloaded (more than any model has)
 XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
 LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
 ENGINE = f"xllamacpp-{XLLAMACPP_VERSION}"
@@ -81,6 +87,9 @@ class LlamaCppServer(ServerProcess):
         startup_timeout: seconds to wait for `/health`.
         draft: decode speculatively with this draft (None: plain decoding).
         metrics: serve Prometheus `/metrics` at `server.root_url`.
+        device: `cpu` (no layer on a GPU: `--n-gpu-layers 0`) or `cuda` / `cuda:N` (every layer
+            of the target and the draft on the GPU: `--n-gpu-layers 999`, llama-server's `-ngl`;
+            needs a CUDA build of the engine, see `engine_env.require_gpu_engine`).
     """
 
     name = "llama.cpp's server"
@@ -89,8 +98,9 @@ class LlamaCppServer(ServerProcess):
                  threads: int | None = None, alias: str | None = None,
                  log_path: str | Path | None = None, startup_timeout: float = 180.0,
                  log: Callable[[str], None] = print, draft: DraftOptions | None = None,
-                 metrics: bool = False):
+                 metrics: bool = False, device: str = "cpu"):
         self.gguf = Path(gguf)
+        self.device = device
         self.parallel, self.ctx_per_slot = parallel, ctx_per_slot
         self.threads = threads or len(os.sched_getaffinity(0))
         self.alias = alias or self.gguf.name
@@ -102,26 +112,34 @@ class LlamaCppServer(ServerProcess):
     def loading(self) -> str:
         return f"{self.gguf} and {self.draft.gguf}" if self.draft else f"{self.gguf}"
 
+    def command(self, python: Path) -> list[str]:
+        """The launcher's command line (`self.port` set)."""
+        gpu_layers = ALL_LAYERS if self.device.startswith("cuda") else 0
+        command = [str(python), str(LAUNCHER), "--model", str(self.gguf), "--port", str(self.port),
+                   "--parallel", str(self.parallel), "--ctx-per-slot", str(self.ctx_per_slot),
+                   "--threads", str(self.threads), "--alias", self.alias,
+                   "--n-gpu-layers", str(gpu_layers)]
+        if self.draft:
+            command += self.draft.flags()
+        if self.metrics:
+            command.append("--metrics")
+        return command
+
     def __enter__(self) -> LlamaCppServer:
         if not self.gguf.is_file():
             raise DraftsmithError(f"{self.gguf} does not exist; llama.cpp's server needs the "
                                   "target's .gguf file (`draftsmith models fetch NAME`)")
+        if self.draft and not self.draft.gguf.is_file():
+            raise DraftsmithError(f"draft model {self.draft.gguf} does not exist")
         python = engine_python(self.log)
         self.port = free_port()
-        command = [str(python), str(LAUNCHER), "--model", str(self.gguf), "--port", str(self.port),
-                   "--parallel", str(self.parallel), "--ctx-per-slot", str(self.ctx_per_slot),
-                   "--threads", str(self.threads), "--alias", self.alias]
-        if self.draft:
-            if not self.draft.gguf.is_file():
-                raise DraftsmithError(f"draft model {self.draft.gguf} does not exist")
-            command += self.draft.flags()
-        if self.metrics:
-            command.append("--metrics")
-        self.launch(command)
+        command = self.command(python)
+        self.launch(command, {**os.environ, **gpu_environment(self.device)})
         drafting = (f", {self.draft.spec_type} draft {self.draft.gguf.name} x "
                     f"{self.draft.draft_max}" if self.draft else "")
         self.log(f"llama.cpp server on {self.base_url}: {self.gguf.name}{drafting}, {self.parallel} "
-                 f"slots x {self.ctx_per_slot} tokens, {self.threads} threads (log: {self.log_path})")
+                 f"slots x {self.ctx_per_slot} tokens, {self.threads} threads, {self.device} "
+                 f"(log: {self.log_path})")
         return self
 
 

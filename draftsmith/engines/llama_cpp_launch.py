@@ -5,7 +5,7 @@ A standalone script, run by the engine environment's own Python (see `llama_cpp.
 It prints `listening <url>` once the model is loaded, and exits on SIGTERM/SIGINT or when the
 process that started it is gone. With `--draft-model` the server decodes
 speculatively with that draft (`--spec-type`, e.g. `draft-eagle3`, as llama-server's flag of that
-name) and `--draft-max` tokens per step.
+name) and `--draft-max` tokens per step; `--n-gpu-layers` puts layers of both on a GPU (`-ngl`).
 """
 
 import argparse
@@ -29,6 +29,7 @@ def set_draft(params: "xllamacpp.CommonParams", args: argparse.Namespace) -> Non
         args.draft_p_min
     spec.draft.cpuparams.n_threads = args.threads
     spec.draft.cpuparams_batch.n_threads = args.threads
+    spec.draft.n_gpu_layers = args.n_gpu_layers
 
 
 def main() -> None:
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=16, help="server slots (requests at once)")
     parser.add_argument("--ctx-per-slot", type=int, default=2048, help="tokens of context a slot holds")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-gpu-layers", type=int, default=0,
+                        help="layers of the model (and of the draft) on the GPU, as llama-server's "
+                        "-ngl: 0 on a CPU, 999 for all (a CUDA build of xllamacpp)")
     parser.add_argument("--alias", default=None, help="the model name the server answers to")
     parser.add_argument("--draft-model", help="a draft .gguf: decode speculatively with it")
     parser.add_argument("--spec-type", default="draft-eagle3",
@@ -56,6 +60,7 @@ def main() -> None:
     params.n_ctx = args.ctx_per_slot * args.parallel
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
+    params.n_gpu_layers = args.n_gpu_layers
     params.warmup = False
     if args.alias:
         params.model_alias = {args.alias}

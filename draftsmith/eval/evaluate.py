@@ -22,10 +22,13 @@ from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.executor import MethodExecutor, load_drafters, training_chat_template
 from draftsmith.eval.lossless import (
+    GPU_GUARANTEE,
     failure_message,
     first_divergence,
+    gpu_gate_settings,
     lossless_report,
     sampling_gate,
+    with_logit_gap,
 )
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
@@ -96,6 +99,8 @@ def run_eval(config: EvalConfig, log=print) -> dict:
             tokens and drafts (checked before any weights load).
     """
     check_eval_prompts_fit(config)
+    if config.check_lossless:  # before the first GEMM: cuBLAS reads its workspace setting once
+        gpu_gate_settings(config.device)
     prompts = gather_prompts(config.bench, config.prompt_files, config.limit)
     target = load_target(config.target, dtype=config.dtype, device=config.device,
                          trust_remote_code=config.trust_remote_code)
@@ -147,8 +152,9 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                         identical[method][0] += tokens == reference
                         identical[method][1] += 1
                         if tokens != reference and method not in divergent:
-                            divergent[method] = first_divergence(
-                                tokenizer, reference, tokens, item, turn)
+                            divergent[method] = with_logit_gap(first_divergence(
+                                tokenizer, reference, tokens, item, turn), runner, method,
+                                prompt_ids, reference, tokens)
                     progress.update()
                 variants.run_turn(prompt_ids, item, turn, progress)
                 turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids, reference))
@@ -221,6 +227,8 @@ def run_eval(config: EvalConfig, log=print) -> dict:
             "reproduce plain greedy decoding token for token (float32)" if check["greedy"] else
             f"draw their first tokens from the target's distribution ({check['test']}, "
             f"{check['samples']} draws per prompt, false-failure odds {check['level']:g})"))
+        if check["guarantee"] == GPU_GUARANTEE:
+            log(f"lossless check on a GPU: {GPU_GUARANTEE}")
         for name, why in check.get("not_gated", {}).items():
             log(f"lossless check: the {name} is not gated: {why}")
     return payload

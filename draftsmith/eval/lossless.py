@@ -8,10 +8,20 @@ exactly from that model's logits: a chi-square test per (method, prompt) at leve
 `GATE_LEVEL / number of tests` (Bonferroni), so a lossless run fails the gate with probability
 at most about `GATE_LEVEL` = 1e-3 (the chi-square approximation holds with every bin expected at
 least 5 times; see distribution_test.py). A draw the model gives zero probability always fails.
+
+What "token for token" rests on differs by device, and each record says which (`guarantee`). On
+the CPU a row's float32 logits do not depend on how many rows the forward computes, so a
+divergence is a decoding bug. On a GPU cuBLAS does not promise that: it may pick another kernel
+(another reduction order) for a 1-row decode step than for an n-row verification, so two logits
+within float32 rounding of each other can swap. There the gate runs with TF32 off, deterministic
+algorithms and a fixed cuBLAS workspace (`gpu_gate_settings`): runs repeat exactly, the rounding
+between different row counts stays, and a greedy divergence names the gap between the two logits
+at the divergent token, a gap at rounding level pointing at kernel choice rather than the method.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import torch
@@ -26,6 +36,29 @@ GATE_PROMPTS = 2
 GATE_LEVEL = 1e-3
 
 
+CPU_GUARANTEE = ("float32 on the CPU: a row's logits do not depend on the number of rows computed, "
+                 "so plain and speculative decoding must agree token for token")
+GPU_GUARANTEE = ("float32 on a GPU with TF32 off, deterministic algorithms and a fixed cuBLAS "
+                 "workspace: runs repeat exactly, but cuBLAS does not promise a row's result is "
+                 "independent of the number of rows (kernel choice), so a divergence between "
+                 "logits within float32 rounding (see `logit_gap`) can come from the GEMMs, not "
+                 "the method; rerun with --device cpu to tell them apart")
+
+
+def gpu_gate_settings(device: str | torch.device) -> str:
+    """Set what makes the float32 gate reproducible on a CUDA device, before its first GEMM:
+    TF32 off for matmuls and convolutions, `torch.use_deterministic_algorithms` (warning where an
+    op has no deterministic kernel) and `CUBLAS_WORKSPACE_CONFIG=:4096:8` unless already set.
+    Returns the guarantee the gate then gives on `device` (nothing is set on a CPU)."""
+    if torch.device(device).type != "cuda":
+        return CPU_GUARANTEE
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return GPU_GUARANTEE
+
+
 def first_divergence(tokenizer, reference: list[int], tokens: list[int], item, turn: int) -> dict:
     """Where a method's tokens first leave plain decoding's, with a few tokens of each as text.
 
@@ -35,6 +68,16 @@ def first_divergence(tokenizer, reference: list[int], tokens: list[int], item, t
     return {"set": item.set_name, "item": item.item_id, "turn": turn, "index": index,
             "plain": tokenizer.decode(reference[index:index + 4]),
             "got": tokenizer.decode(tokens[index:index + 4])}
+
+
+def with_logit_gap(divergence: dict, executor, method: str, prompt_ids: list[int],
+                   reference: list[int], tokens: list[int]) -> dict:
+    """`divergence` with the target's `logit_gap` at it (when both runs have a token there)."""
+    index = divergence["index"]
+    if index < min(len(reference), len(tokens)):
+        runner = executor.target_runner(executor.decoding_model(method), False)
+        divergence["logit_gap"] = logit_gap(runner, prompt_ids, reference, index, tokens[index])
+    return divergence
 
 
 def lossless_report(config, divergent: dict, drafters: dict, batched_methods=()) -> dict:
@@ -58,8 +101,27 @@ def lossless_report(config, divergent: dict, drafters: dict, batched_methods=())
     checked = [m for m in config.methods[1:] if greedy and not exempt(m)]
     checked += [f"{m} (batch {b})" for b in config.batch_sizes if b > 1
                 for m in batched_methods if greedy and not exempt(m)]
-    return {"greedy": greedy, "dtype_exact": config.dtype == "float32", "checked": checked,
+    return {"greedy": greedy, "dtype_exact": config.dtype == "float32",
+            "guarantee": device_guarantee(config.device), "checked": checked,
             "failures": [{"method": m, **divergent[m]} for m in checked if m in divergent]}
+
+
+def device_guarantee(device: str | torch.device) -> str:
+    """What the float32 gate's token-for-token equality rests on, on `device`."""
+    return GPU_GUARANTEE if torch.device(device).type == "cuda" else CPU_GUARANTEE
+
+
+def logit_gap(runner, prompt_ids: list[int], reference: list[int], index: int,
+              got: int) -> float:
+    """The target's logit of plain decoding's token minus that of the divergent token, after
+    the prompt and plain's first `index` tokens (one forward; `runner`: the target's
+    CausalLMRunner, reset here). Near 0 (float32 rounding, ~1e-5 of the logits' size): a tie
+    that another kernel may round the other way; larger: the method chose otherwise."""
+    runner.reset()
+    ids = torch.tensor(prompt_ids + reference[:index], device=runner.device)
+    logits = runner.forward(ids).logits[-1].float()
+    runner.reset()
+    return float(logits[reference[index]] - logits[got])
 
 
 def exact_first_tokens(runner, prompt_ids: list[int], sampling: SamplingConfig,
@@ -127,7 +189,7 @@ def sampling_gate(executor, turns: list, samples: int, log=print) -> dict:
                             "p_value": fit.p_value, "impossible": fit.impossible,
                             "passed": fit.passed(level)})
     return {"greedy": False, "dtype_exact": config.dtype == "float32",
-            "test": f"chi-square of the first {GATE_TOKENS} tokens against the model's exact "
+            "guarantee": device_guarantee(config.device), "test": f"chi-square of the first {GATE_TOKENS} tokens against the model's exact "
                     "distribution", "samples": samples, "level": GATE_LEVEL,
             "level_per_test": level, "checked": list(config.methods), "results": results,
             "failures": [r for r in results if not r["passed"]]}
@@ -136,10 +198,14 @@ def sampling_gate(executor, turns: list, samples: int, log=print) -> dict:
 def failure_message(check: dict) -> str:
     """One line naming every failure of a `lossless_check` record."""
     if check["greedy"]:
+        gpu = check.get("guarantee") == GPU_GUARANTEE
         return "; ".join(
             f"{f['method']} diverged from plain decoding on {f['set']}/{f['item']} turn "
-            f"{f['turn']} at new token {f['index']} (plain {f['plain']!r}, got {f['got']!r})"
-            for f in check["failures"])
+            f"{f['turn']} at new token {f['index']} (plain {f['plain']!r}, got {f['got']!r}"
+            + (f", target logit gap {f['logit_gap']:.3g}" if "logit_gap" in f else "") + ")"
+            for f in check["failures"]) + (
+            " (on a GPU cuBLAS may round a near-tie differently for another number of rows; "
+            "a gap near 0 points at kernel choice: rerun with --device cpu)" if gpu else "")
     return "; ".join(
         f"{f['method']} on {f['set']}/{f['item']}: its first {GATE_TOKENS} tokens do not follow "
         f"the target's distribution (chi-square p = {f['p_value']:.2g} < "

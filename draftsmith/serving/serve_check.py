@@ -48,6 +48,9 @@ class ServeCheckSettings:
         threads: engine CPU threads (None: every core this process may use).
         loop: also decode with draftsmith's own loop for the side-by-side numbers.
         engine: `llama.cpp` or `vllm`.
+        device: where the engines and the loop run: `cpu`, `cuda`, `cuda:N` or `auto` (stored
+            resolved). On a GPU llama.cpp puts every layer there (`-ngl 999`) and vLLM runs
+            without its CPU-only flags; both need a CUDA build of the engine.
     """
 
     draft_max: int | None = None
@@ -56,8 +59,12 @@ class ServeCheckSettings:
     threads: int | None = None
     loop: bool = False
     engine: str = "llama.cpp"
+    device: str = "cpu"
 
     def __post_init__(self):
+        from draftsmith.target import resolve_device
+
+        object.__setattr__(self, "device", str(resolve_device(self.device, "--device")))
         if self.engine not in ENGINES:
             raise DraftsmithError(f"--engine {self.engine}: choose {', '.join(ENGINES)}")
         if self.draft_max is not None and self.draft_max < 1:
@@ -91,7 +98,7 @@ def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSetting
     """Greedy answers to every prompt from one llama.cpp server (one slot, requests in turn)."""
     with LlamaCppServer(gguf, parallel=1, ctx_per_slot=_context(prompts, settings),
                         threads=settings.threads, log_path=log_path, log=log, draft=draft,
-                        metrics=True) as server:
+                        metrics=True, device=settings.device) as server:
         answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
                    for ids in prompts]
         return EngineRun(answers, read_metrics(server.root_url))
@@ -106,7 +113,8 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
 
     drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
     with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),
-                    dtype=dtype, threads=settings.threads, log_path=log_path, log=log) as server:
+                    dtype=dtype, threads=settings.threads, log_path=log_path, log=log,
+                    device=settings.device) as server:
         answers, before = [], read_metrics(server.root_url)
         for ids in prompts:
             answer = complete_greedy_openai(server.base_url, server.served_name, ids,

@@ -25,7 +25,7 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     target = TargetSpec(name=args.target, device=None, where=FLAGS)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
-                                  loop=args.loop, engine=args.engine)
+                                  loop=args.loop, engine=args.engine, device=args.device)
     # before any prompt set is installed: the export, the engine's Python, the target's files
     require_export_folder(Path(args.export_dir))
     checked = check_targets(target.name, args.target_gguf, args.engine)
@@ -64,6 +64,12 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
                         help="fail when the engine accepts fewer of the draft tokens than this")
     parser.add_argument("--threads", type=positive_int_arg,
                         help="engine CPU threads (default: every core this process may use)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu | cuda | cuda:N | auto: where the engines and --loop run; on a "
+                        "GPU llama.cpp offloads every layer (-ngl 999) and vLLM runs without its "
+                        "CPU-only --enforce-eager --max-num-seqs 1; a GPU needs a CUDA build of "
+                        "the engine named by $DRAFTSMITH_LLAMA_CPP_PYTHON / $DRAFTSMITH_VLLM_PYTHON "
+                        "(default: cpu)")
     parser.add_argument("--loop", action="store_true",
                         help="also decode with draftsmith's own loop (float32) for side-by-side "
                         "tau and acceptance per draft position")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def loop_acceptance(target_dir: Path, export_dir: Path, prompts: list[list[int]],
-                    max_new_tokens: int, draft_max: int) -> dict:
+                    max_new_tokens: int, draft_max: int, device: str = "cpu") -> dict:
     """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop."""
     from draftsmith.decoding.decode import generate
     from draftsmith.decoding.runner import CausalLMRunner
@@ -19,7 +19,7 @@ def loop_acceptance(target_dir: Path, export_dir: Path, prompts: list[list[int]]
     from draftsmith.export.load import load_any_drafter
     from draftsmith.target import load_target
 
-    target = load_target(str(target_dir), dtype="float32")
+    target = load_target(str(target_dir), dtype="float32", device=device)
     drafter = load_any_drafter(export_dir, target.model)
     runner = CausalLMRunner(target.model, output_hidden_states=True)
     settings = ProposerSettings(num_draft_tokens=draft_max)

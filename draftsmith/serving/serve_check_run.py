@@ -164,6 +164,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
             or the check failing (outputs differ, acceptance below the floor); the JSON is
             written first in the last case.
     """
+    from draftsmith.engines.engine_env import require_gpu_engine
     from draftsmith.precision import hardware_record
     from draftsmith.registry import get_spec
     from draftsmith.target import load_tokenizer
@@ -171,6 +172,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     if not prompts:
         raise DraftsmithError("serve-check got no prompts (check --bench / --prompts / --limit)")
+    require_gpu_engine(settings.engine, settings.device)
     require_export_folder(export_dir)
     gguf, target_dir, gguf_record = checked or check_targets(target, target_gguf,
                                                              settings.engine, log)
@@ -197,7 +199,8 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
         "draft_max": settings.draft_max, "max_new_tokens": settings.max_new_tokens,
         "prompts": len(prompts), "prompt_sets": sorted({p.set_name for p in prompts}),
         "identical": [sum(r["identical"] for r in records), len(records)],
-        "engine_threads": settings.threads, "engine_stats": engine, "records": records,
+        "engine_threads": settings.threads, "device": settings.device,
+        "engine_stats": engine, "records": records,
         "hardware": hardware_record(),
     }
     if settings.loop:
@@ -242,7 +245,7 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
     from draftsmith.precision import choose_dtype
 
     config = load_target_config(str(target_dir))  # the engine's dtype measured as `auto` chooses
-    choice = choose_dtype("auto", "cpu", config.hidden_size,
+    choice = choose_dtype("auto", settings.device, config.hidden_size,
                           getattr(config, "intermediate_size", None))
     log(f"vLLM dtype: {choice.dtype} ({choice.reason})")
     speculative = {"method": method, "model": str(export_dir.resolve()),
@@ -285,7 +288,8 @@ def loop_summary(target_dir: Path, export_dir: Path, ids: list[list[int]],
     """draftsmith's loop numbers, with how many of its answers equal the engine's."""
     from draftsmith.serving.serve_check_loop import loop_acceptance
 
-    loop = loop_acceptance(target_dir, export_dir, ids, settings.max_new_tokens, settings.draft_max)
+    loop = loop_acceptance(target_dir, export_dir, ids, settings.max_new_tokens, settings.draft_max,
+                           settings.device)
     answers = loop.pop("answers")
     loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
                                      len(answers)]

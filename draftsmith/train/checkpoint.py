@@ -22,6 +22,7 @@ import torch
 
 from draftsmith.drafter_folder import write_drafter_folder
 from draftsmith.train.rng_state import rng_state_file, save_rng_state
+from draftsmith.train.target_parts import full_state_dict
 
 PROGRESS = "progress.json"
 CHECKPOINT_FORMAT = 2  # 1: accelerate's pickled scheduler state and no run record
@@ -106,16 +107,18 @@ def _custom_template(recipe) -> str | None:
 
 
 def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
-                 eval_metrics: dict, out_dir: Path, lora_target=None) -> Path:
-    """Save the trained drafter's weights and what is needed to rebuild and check it; with a
-    LoRA-trained target (Medusa-2) its adapter goes to `lora/` (safetensors)."""
+                 eval_metrics: dict, out_dir: Path, lora_target=None,
+                 target_parameters_per_rank: list[int] | None = None) -> Path:
+    """Save the trained drafter's weights, whole (gathered on every rank when FSDP sharded them),
+    and what is needed to rebuild and check it; with a LoRA-trained target (Medusa-2) its adapter
+    goes to `lora/` (safetensors). `target_parameters_per_rank`: the frozen target's parameter
+    elements each process held (FSDP shards them), recorded in the metadata."""
     from draftsmith.registry import get_spec
 
     final = out_dir / "drafter"
-    state = accelerator.get_state_dict(drafter)
+    state = full_state_dict(drafter)  # FSDP2 shards gathered whole (every rank takes part)
     if accelerator.is_main_process:
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()
-                   if not k.startswith("rotary.")}
+        tensors = {k: v.contiguous() for k, v in state.items() if not k.startswith("rotary.")}
         config = recipe.drafter_config()
         meta = {
             "kind": recipe.kind,
@@ -126,6 +129,7 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
                                                                 config)),
             "training_steps": step,
             "num_processes": accelerator.num_processes,
+            "target_parameters_per_rank": target_parameters_per_rank,
             "lora": lora_target is not None,
             "eval": eval_metrics,
             "chat_template": _custom_template(recipe),

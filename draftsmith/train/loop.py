@@ -37,6 +37,7 @@ from draftsmith.train.resume import (
     run_record,
     scheduler_state,
 )
+from draftsmith.train.target_parts import gathered, holds_whole, local_numel
 
 
 def make_accelerator(recipe: Recipe):
@@ -148,14 +149,17 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
 
     if target is None:
         target = recipe.target.load(device="cpu").model
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval()
+    if holds_whole(target):  # a sharded or partly loaded target is already on its device
+        target.to(accelerator.device)
     data = examples if isinstance(examples, CacheStream) else \
         ExampleBatches(examples, cfg, accelerator)
     record = run_record(recipe, target, data.fingerprint(), accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
     if spec.uses_draft_vocab:
         install_draft_vocab(drafter, draft_vocab, target.config.get_text_config().vocab_size)
-    drafter.init_from_target(target)
+    with gathered(target.get_input_embeddings(), target.get_output_embeddings()):
+        drafter.init_from_target(target)
     if cfg.gradient_checkpointing and not set_gradient_checkpointing(drafter, True):
         accelerator.print(f"train.gradient_checkpointing: the {recipe.kind} drafter has no "
                           "decoder layer to recompute; nothing changes")
@@ -197,6 +201,9 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     log.truncate_after(step)
+    held = accelerator.gather(torch.tensor([local_numel(target)], device=accelerator.device))
+    held = [int(n) for n in held]  # recorded with the drafter: the target's share on each rank
+    accelerator.print(f"frozen target parameters held per rank: {', '.join(f'{n:,}' for n in held)}")
     micro_per_epoch = data.batches_per_epoch
     micro_done = step * cfg.grad_accum  # where the data stream is: epoch and batches done
     if "data_stream" in progress_state:  # recorded by checkpoints since the streamed cache
@@ -226,7 +233,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
             if not accelerator.sync_gradients:
                 continue
             step += 1
-            loss = loss.detach()
+            loss, metrics = mean_over_processes(accelerator, loss, metrics)
             tokens = int(accelerator.reduce(torch.tensor(step_tokens, device=accelerator.device),
                                             "sum"))
             step_tokens = 0
@@ -274,9 +281,23 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     log.write({"step": step, **final_eval})
     unwrapped = accelerator.unwrap_model(model)
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
-                        out_dir, lora_target=unwrapped.target if joint else None)
+                        out_dir, lora_target=unwrapped.target if joint else None,
+                        target_parameters_per_rank=held)
     accelerator.end_training()
     return path
+
+
+def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
+                        ) -> tuple[torch.Tensor, dict]:
+    """The step's loss and metrics averaged over processes (each computed its own batch's), so
+    the log shows the whole batch's: equal to one process's run on it when the processes' shares
+    weigh the same (equal trained-token counts)."""
+    names = sorted(metrics)
+    local = torch.stack([loss.detach().float().reshape(()), *(
+        torch.as_tensor(metrics[k], dtype=torch.float32, device=loss.device).reshape(())
+        for k in names)])
+    mean = accelerator.reduce(local, reduction="mean")
+    return mean[0], dict(zip(names, mean[1:], strict=True))
 
 
 def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:

@@ -105,13 +105,20 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
         DraftsmithError: several processes and data that is not prepared (naming the command).
     """
     from draftsmith.data.pipeline import run_data_recipe, unfinished
+    from draftsmith.train.target_parts import holds_whole
 
     data = dict(recipe.data)
     if "tokenized" in data:
         return read_tokenized(data["tokenized"]), None
     prepared = data_recipe(recipe)
     if accelerator.num_processes == 1:
-        run_data_recipe(prepared, log=accelerator.print, target=target)
+        # a partly loaded target (offline: embeddings and head) cannot regenerate or cache: a
+        # finished data run is read as it is, an unfinished one gets the whole target
+        if holds_whole(target.model) or not data_ready(prepared):
+            whole = target if holds_whole(target.model) else \
+                recipe.target.load(device=str(accelerator.device))
+            run_data_recipe(prepared, log=accelerator.print, target=whole)
+            del whole
     elif (why := unfinished(prepared)) is not None:
         raise DraftsmithError(
             f"a {accelerator.num_processes}-process `train` does not prepare its data ({why}): "
@@ -132,6 +139,39 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
         return stream_cache(recipe, out_dir / "cache", target, accelerator.process_index,
                             accelerator.num_processes), vocab
     return read_tokenized(tokenized), vocab
+
+
+def data_ready(prepared) -> bool:
+    """True when an earlier data run with these very settings finished: its summary.json records
+    them, with complete regeneration and cache (where asked), and tokenized.jsonl exists."""
+    from draftsmith.files import read_json_dict
+
+    out_dir = Path(prepared.data.out_dir)
+    summary = read_json_dict(out_dir / "summary.json") or {}
+    settings = json.loads(json.dumps(prepared.data.to_dict(), default=str))
+    steps = [summary.get(step) for step, asked in (
+        ("regeneration", prepared.data.regenerate), ("cache", prepared.data.cache)) if asked]
+    return (summary.get("data") == settings and (out_dir / "tokenized.jsonl").is_file()
+            and summary.get("target", {}).get("name") == prepared.target.name
+            and all(isinstance(step, dict) and step.get("complete") for step in steps))
+
+
+def load_training_target(recipe: Recipe, accelerator):
+    """The frozen target as this run needs it, on this rank's device (dtype auto decided there):
+    only the embeddings and head for offline features, sharded across ranks under FSDP, else
+    whole (and whole when it trains through LoRA: it is then part of the trained module)."""
+    from draftsmith.registry import get_spec
+    from draftsmith.train.target_parts import fsdp_requested, load_loss_parts, load_sharded_target
+
+    device = str(accelerator.device)
+    sharded = fsdp_requested(accelerator)
+    if get_spec(recipe.kind).trains_target(recipe.drafter_config()):
+        return recipe.target.load(device=device)
+    if recipe.train.features == "offline" and "tokenized" not in recipe.data:
+        return load_loss_parts(recipe.target, device)
+    if sharded:
+        return load_sharded_target(recipe.target, device)
+    return recipe.target.load(device=device)
 
 
 def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
@@ -198,7 +238,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     try:
         # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
         # and regeneration and caching inside `train` compute there too
-        target = recipe.target.load(device=str(accelerator.device))
+        target = load_training_target(recipe, accelerator)
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target, path)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
