@@ -41,6 +41,6 @@ def test_every_export_format_holds_a_registered_kind():
 def test_an_unknown_family_names_the_registered_ones():
     from draftsmith.errors import DraftsmithError
 
-    with pytest.raises(DraftsmithError, match="no decoding family 'nope'; registered: feature, "
-                       "heads, modules"):
+    with pytest.raises(DraftsmithError, match="no decoding family 'nope'; registered: block, "
+                       "feature, heads, modules"):
         drafter_family("nope")

@@ -45,7 +45,10 @@ def read_engine_checks(config: BenchConfig) -> dict:
 
 def _check_one(config: BenchConfig, engine: str, log) -> dict:
     from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.export.formats import formats_for_kind
+    from draftsmith.export.source import read_checkpoint
     from draftsmith.export.write import export_drafter
+    from draftsmith.registry import get_spec
     from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import run_serve_check
 
@@ -55,10 +58,14 @@ def _check_one(config: BenchConfig, engine: str, log) -> dict:
         return json.loads((folder / RESULT).read_text())
     drafter = Path(config.out_dir) / "train" / spec["drafter"] / "drafter"
     export = Path(config.out_dir) / "engine" / "export"
-    export_drafter(drafter, "eagle3", export, overwrite=True)  # seconds; always the trained one
+    kind = read_checkpoint(drafter).kind
+    export_drafter(drafter, formats_for_kind(kind)[0], export, overwrite=True)  # seconds
+    # a block drafter drafts its whole block in the engine (serve-check settles the length)
+    default_draft_max = None if get_spec(kind).proposer == "block" else \
+        config.eval.num_draft_tokens
     limit = spec.get("limit", config.eval.limit)
     prompts = gather_prompts(config.eval.bench, (), limit)
-    settings = ServeCheckSettings(draft_max=spec.get("draft_max", config.eval.num_draft_tokens),
+    settings = ServeCheckSettings(draft_max=spec.get("draft_max", default_draft_max),
                                   max_new_tokens=spec.get("max_new_tokens",
                                                           config.eval.max_new_tokens),
                                   loop=True, engine=engine, device=config.compute_device())

@@ -16,10 +16,11 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's
   float32 log-probabilities and teacher probabilities on trained rows.
 
-Attention: a dense bool mask with GQA is refused by CUDA's flash and memory-efficient kernels,
-so on a GPU SDPA takes the math path, which upcasts to float32 and keeps (B, heads, T, (j+1)T)
-probabilities per step; torch's CPU flash kernel takes the mask and keeps only a log-sum-exp
-row. `blockwise` is what a kernel that accepts the mask structure keeps (the CPU figure).
+Attention: the training-time test attends through `models/ttt_attention.py` (causal SDPA without
+a mask plus the diagonal blocks, merged by a sink key), which the fused kernels take on every
+device and which keeps only a log-sum-exp row (`blockwise`, the default). `math` is what a dense
+bool mask with GQA costs on a GPU (SDPA's math path keeps float32 (B, heads, T, (j+1)T)
+probabilities per step), the code before that kernel.
 
 Sizes are upper bounds for a batch of B sequences at max length with a `trained_fraction` of
 their positions trained (1.0 = every one).
@@ -84,7 +85,8 @@ class Term:
 
 def default_attention(device: str) -> str:
     """The attention path the current code gets on `device` (see the module docstring)."""
-    return "math" if device == "cuda" else "blockwise"
+    del device  # the TTT kernel takes the fused path on every device
+    return "blockwise"
 
 
 def static_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
@@ -92,8 +94,9 @@ def static_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
     n = cfg.processes
     drafter = (s.drafter_trainable + s.drafter_frozen) * F32 + s.drafter_buffer_bytes
     trained = s.drafter_trainable * F32
-    terms = [Term("target weights (whole, every rank)", s.target_params * cfg.target_bytes,
-                  "static")]
+    sharded = cfg.sharding == "fsdp" and n > 1  # FSDP2 shards the frozen target too
+    terms = [Term(f"target weights (1/{n} shard)" if sharded else "target weights (whole, every "
+                  "rank)", s.target_params * cfg.target_bytes // (n if sharded else 1), "static")]
     if cfg.sharding == "fsdp" and n > 1:
         terms += [
             Term(f"drafter weights fp32 (1/{n} shard)", drafter // n, "static"),

@@ -11,7 +11,10 @@ from draftsmith.registry import DRAFTERS, get_spec
 
 # the fewest heads / modules / TTT steps that still exercise every code path of the kind
 SMALL = {"medusa": {"num_heads": 2}, "mtp": {"num_modules": 2},
-         "eagle3": {"draft_vocab_size": 96, "ttt_steps": 2}}
+         "eagle3": {"draft_vocab_size": 96, "ttt_steps": 2},
+         "dflash": {"block_size": 4, "num_layers": 1, "anchors_per_sequence": 8},
+         "dspark": {"block_size": 3, "num_layers": 1, "anchors_per_sequence": 8,
+                    "markov_rank": 8}}
 # settings that change which parameters train, each a case of the shared training tests
 VARIANTS = {"medusa": {"shared_head": {"shared_head": True}},
             "eagle3": {"eagle3.1": {"fc_norm": True, "norm_output": True}}}
