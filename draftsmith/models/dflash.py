@@ -80,7 +80,8 @@ class DFlashConfig:
         target_layer_ids: 0-based target layer outputs to fuse; None = `dflash_layer_ids(N,
             num_layers)`.
         mask_token_id: the token whose (frozen) embedding fills the block after the anchor; None =
-            the target config's `mask_token_id`, else its pad, else its eos token. Pick a token the
+            the target config's `mask_token_id`, else its eos, else its pad token (pad rows are
+            often zero embeddings, which would starve the first layer's queries). Pick a token the
             data never holds where the tokenizer has one (recipes name it).
         anchors_per_sequence: blocks drawn per training sequence (reference 512; capped by the
             valid positions).
@@ -116,7 +117,7 @@ class DFlashConfig:
 
 
 def resolve_mask_token(target_config, chosen: int | None) -> int:
-    """The mask token id: `chosen`, else the target config's mask, pad or eos token.
+    """The mask token id: `chosen`, else the target config's mask, eos or pad token.
 
     Raises:
         DraftsmithError: an id outside the vocabulary, or none to fall back on.
@@ -124,7 +125,7 @@ def resolve_mask_token(target_config, chosen: int | None) -> int:
     vocab = target_config.vocab_size
     candidates = [chosen] if chosen is not None else [
         getattr(target_config, name, None)
-        for name in ("mask_token_id", "pad_token_id", "eos_token_id")]
+        for name in ("mask_token_id", "eos_token_id", "pad_token_id")]
     for value in candidates:
         value = value[0] if isinstance(value, list | tuple) and value else value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -132,7 +133,7 @@ def resolve_mask_token(target_config, chosen: int | None) -> int:
                 raise DraftsmithError(f"drafter.mask_token_id {value} is outside the target's "
                                       f"vocabulary 0..{vocab - 1}")
             return value
-    raise DraftsmithError("the target config names no mask, pad or eos token: set "
+    raise DraftsmithError("the target config names no mask, eos or pad token: set "
                           "drafter.mask_token_id to a token the data never holds")
 
 

@@ -90,7 +90,7 @@ class EngineRun:
 
 
 def _context(prompts: list[list[int]], settings: ServeCheckSettings) -> int:
-    return max(len(p) for p in prompts) + settings.max_new_tokens + settings.draft_max + 8
+    return max(len(p) for p in prompts) + settings.max_new_tokens + (settings.draft_max or 0) + 8
 
 
 def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSettings, log_path: Path,

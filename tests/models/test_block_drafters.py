@@ -62,12 +62,12 @@ def test_layer_ids_reaching_the_last_layer_are_refused():
         build("dflash", target, target_layer_ids=[0, 3])
 
 
-def test_mask_token_is_the_chosen_one_else_the_config_s_pad_or_eos():
+def test_mask_token_is_the_chosen_one_else_the_config_s_eos_or_pad():
     config = tiny_config("llama")  # pad 0, eos 1
     assert resolve_mask_token(config, 100) == 100
-    assert resolve_mask_token(config, None) == 0
-    config.pad_token_id = None
     assert resolve_mask_token(config, None) == 1
+    config.eos_token_id = None
+    assert resolve_mask_token(config, None) == 0
     with pytest.raises(DraftsmithError, match=r"outside the target.s vocabulary 0\.\.127"):
         resolve_mask_token(config, 128)
 

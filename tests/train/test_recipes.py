@@ -15,7 +15,7 @@ TRAIN_RECIPES = sorted(p for p in ROOT.glob("*/*.yaml") if p.parent.name not in 
 
 def test_there_are_recipes_for_every_kind_on_the_default_target():
     kinds = {load_recipe(p).kind for p in ROOT.glob("smollm2-135m/*.yaml")}
-    assert kinds == {"medusa", "eagle1", "eagle3", "mtp"}
+    assert kinds == {"medusa", "eagle1", "eagle3", "mtp", "dflash", "dspark"}
 
 
 @pytest.mark.parametrize("path", TRAIN_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
