@@ -111,6 +111,16 @@ EAGLE31_NOT_IN_LLAMA_CPP = (
     "speculators`, `draftsmith serve-check EXPORT --engine vllm`) or SGLang (`--format eagle3`), "
     "or train with fc_norm: false and norm_output: false for llama.cpp")
 
+def block_aux_layers(num_layers: int, config) -> list[int]:
+    """The target layer outputs a block drafter (DFlash, DSpark) fuses."""
+    return config.target_layer_ids or dflash_layer_ids(num_layers, config.num_layers)
+
+
+def block_custom_layers(config) -> list[int] | None:
+    """A block drafter recipe's own `target_layer_ids`, or None for the default."""
+    return list(config.target_layer_ids) if config.target_layer_ids else None
+
+
 DRAFTERS: dict[str, DrafterSpec] = {
     spec.kind: spec
     for spec in (
@@ -179,13 +189,12 @@ DRAFTERS: dict[str, DrafterSpec] = {
             description="DFlash block drafter: one forward proposes a block from fused features",
             config_cls=DFlashConfig,
             build=DFlashDrafter,
-            aux_layers=lambda n, cfg: cfg.target_layer_ids or dflash_layer_ids(n, cfg.num_layers),
+            aux_layers=block_aux_layers,
             loss=dflash_loss,
             proposer="block",
             tree_shapes=("chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
-            custom_aux_layers=lambda cfg: list(cfg.target_layer_ids) if cfg.target_layer_ids
-            else None,
+            custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,
             engine_methods={"vllm": "dflash", "sglang": "DFLASH", "llama.cpp": "draft-dflash"},
         ),
@@ -196,13 +205,12 @@ DRAFTERS: dict[str, DrafterSpec] = {
                         "heads",
             config_cls=DSparkConfig,
             build=DSparkDrafter,
-            aux_layers=lambda n, cfg: cfg.target_layer_ids or dflash_layer_ids(n, cfg.num_layers),
+            aux_layers=block_aux_layers,
             loss=dspark_loss,
             proposer="block",
             tree_shapes=("chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
-            custom_aux_layers=lambda cfg: list(cfg.target_layer_ids) if cfg.target_layer_ids
-            else None,
+            custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,
             engine_methods={"vllm": "dspark"},
         ),
