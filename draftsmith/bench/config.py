@@ -160,9 +160,11 @@ class BenchConfig:
         speedup_bar: minimum best speedup at temperature 0.
         expected_order: methods from highest to lowest tau as the literature orders them; the
             report checks the measured order against it.
-        engine: the engine check (`bench/engine_stage.py`): an EAGLE-3 drafter's label and
-            optionally draft_max, limit and max_new_tokens (default: the eval's chain length,
-            limit and new tokens); empty = none.
+        engine: the engine checks (`bench/engine_stage.py`), one or a list: a drafter's label
+            (a kind the engines serve: EAGLE-3, DFlash) and optionally engines, draft_max,
+            limit, max_new_tokens (default: the eval's chain length or a block drafter's block,
+            limit and new tokens) and outtypes (llama.cpp's draft GGUF types, one run each);
+            empty = none.
         device: where every stage computes: `auto` (a GPU when one is visible), `cpu`, `cuda` or
             `cuda:N`; data preparation, training (a `cpu` run hides the GPUs from it), the
             evaluations (passes comparing int8 targets run on the CPU: CPU kernels) and the
@@ -181,9 +183,15 @@ class BenchConfig:
     bars: dict = field(default_factory=dict)
     speedup_bar: float | None = None
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
-    engine: dict = field(default_factory=dict)  # {drafter, draft_max, limit, max_new_tokens, engines}
+    engine: dict | list = field(default_factory=dict)  # one check or a list (ENGINE_KEYS)
     device: str = "auto"
     path: str = ""
+
+    def engine_checks(self) -> list[dict]:
+        """The engine checks as a list (`engine:` may hold one)."""
+        if not self.engine:
+            return []
+        return list(self.engine) if isinstance(self.engine, list) else [self.engine]
 
     def kind(self, label: str) -> KindEntry:
         return next(k for k in self.kinds if k.label == label)
@@ -276,18 +284,32 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
     return config
 
 
-ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines"}
+ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines", "outtypes"}
 
 
 def _check_engine(config: BenchConfig, path) -> None:
-    """`engine:` names an EAGLE-3 drafter of `kinds`; its counts are integers >= 1."""
-    spec = config.engine
-    if not spec:
-        return
-    hint = "e.g. engine: {drafter: eagle3, draft_max: 3, engines: [llama.cpp, vllm]}"
+    """Each `engine:` check names a drafter of `kinds` the engines serve; its counts are integers
+    >= 1; outtypes are llama.cpp's draft GGUF types."""
+    if not isinstance(config.engine, dict | list):
+        raise DraftsmithError(f"{path}: engine = {config.engine!r}: give one check (a mapping) "
+                              "or a list of them")
+    for spec in config.engine_checks():
+        _check_one_engine(config, spec, path)
+
+
+def _check_one_engine(config: BenchConfig, spec, path) -> None:
+    from draftsmith.export.gguf import OUTTYPES
+
+    hint = ("e.g. engine: {drafter: eagle3, draft_max: 3, engines: [llama.cpp, vllm]} or a list "
+            "with {drafter: dflash, outtypes: [f32, f16, q8_0]}")
     if not isinstance(spec, dict) or set(spec) - ENGINE_KEYS or "drafter" not in spec:
         raise DraftsmithError(f"{path}: engine = {spec!r}: give `drafter` (a label of kinds) and "
                               f"optionally {', '.join(sorted(ENGINE_KEYS - {'drafter'}))}; {hint}")
+    outtypes = spec.get("outtypes", ["f32"])
+    if not isinstance(outtypes, list) or not outtypes or set(outtypes) - set(OUTTYPES) or \
+            len(set(outtypes)) < len(outtypes):
+        raise DraftsmithError(f"{path}: engine.outtypes = {outtypes!r}: distinct draft GGUF types "
+                              f"among {', '.join(OUTTYPES)}; {hint}")
     engines = spec.get("engines", ["llama.cpp"])
     if not isinstance(engines, list) or not engines or set(engines) - set(ENGINES):
         raise DraftsmithError(f"{path}: engine.engines = {engines!r}: a list of "
@@ -308,7 +330,7 @@ def _check_engine(config: BenchConfig, path) -> None:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is a {kind} drafter; "
                               f"the engine check runs {' / '.join(served_by(served[0]))} "
                               f"drafters in {served[0]}, which does not serve {kind}")
-    for key in ENGINE_KEYS - {"drafter", "engines"}:
+    for key in ENGINE_KEYS - {"drafter", "engines", "outtypes"}:
         value = spec.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DraftsmithError(f"{path}: engine.{key} = {value!r}: must be an integer >= 1")

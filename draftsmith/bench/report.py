@@ -44,8 +44,8 @@ def _trees(bench: dict) -> str:
             chosen.setdefault(names.get(method, method), []).append(
                 f"depth {b['depth']} x {b['total_tokens']} tokens (T={t})")
     picks = "; ".join(f"{m}: {', '.join(v)}" for m, v in chosen.items())
-    return (f"Dynamic trees autotuned per method on this machine (top-{cfg['tree']['topk']}): "
-            f"{picks}.")
+    return (f"Dynamic trees autotuned per method on this machine (top-{cfg['tree']['topk']}; a "
+            f"block drafter's depth is its block length, its chain's too): {picks}.")
 
 
 def _eval_table(bench: dict, temperature: str) -> list[str]:
@@ -355,8 +355,10 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
         raw = {f"eval_t{t}.json": run_dir / f"eval_t{t}" / "eval.json" for t in bench["eval"]}
         raw.update({f"eval_{name}.json": run_dir / f"eval_{name}" / "eval.json"
                     for name in bench.get("passes") or {}})
-        raw.update({f"serve_check_{name}.json": engine_folder(run_dir, name) / "serve_check.json"
-                    for name in bench.get("engines") or {}})
+        raw.update({f"serve_check_{drafter}_{engine}.json":
+                    engine_folder(run_dir, engine, drafter) / "serve_check.json"
+                    for drafter, engine in (name.split(" in ", 1)
+                                            for name in bench.get("engines") or {})})
         for name, src in raw.items():
             if src.is_file():
                 shutil.copyfile(src, folder / name)

@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 
+from draftsmith.registry import get_spec
+
 
 def fmt(value, spec: str = ".2f", none: str = "–") -> str:
     """`value` formatted, or `none` for a missing or NaN value."""
@@ -103,8 +105,9 @@ def passes_section(bench: dict, folder: Path) -> list[str]:
 
 
 def engine_section(bench: dict) -> list[str]:
-    """The engine checks: the EAGLE-3 drafter in each serving engine next to draftsmith's loop
-    (same prompts, same drafter, same chain length), from each `serve_check.json`."""
+    """The engine checks: each exported drafter in each serving engine next to draftsmith's loop
+    (same prompts, same drafter, same chain length), from each `serve_check.json`, with the
+    engine's speed per draft GGUF type where several ran."""
     lines = []
     for name, check in (bench.get("engines") or {}).items():
         lines += _engine_table(name, check)
@@ -124,7 +127,7 @@ def _engine_table(name: str, check: dict) -> list[str]:
               fmt(loop.get("tokens_per_second"), ".1f")),
              ("tokens/s plain (engine)", fmt(engine["tokens_per_second_plain"], ".1f"), ""),
              ("speedup over the engine's plain decoding", fmt(engine["speedup"]) + "x", "")]
-    table = [f"{'':44} {name:>10} {'draftsmith loop':>16}",
+    table = [f"{'':44} {name.split(' in ')[-1]:>10} {'draftsmith loop':>16}",
              *[f"{row:44} {a:>10} {b:>16}" for row, a, b in rows]]
     answers = loop.get("same_answer_as_engine")
     if check.get("target_gguf"):
@@ -140,9 +143,11 @@ def _engine_table(name: str, check: dict) -> list[str]:
                   f"{check.get('dtype', 'float32')}")
         precision = "both compute in float32; near-ties may still flip between kernels"
         timing = "each request's wall time (prefill included)"
-    return [f"### In a serving engine: {check['engine']} {check['version']} (greedy, EAGLE-3 chain "
+    title = get_spec(check.get("kind", "eagle3")).title
+    form = check.get("export_format", "eagle3")
+    return [f"### In a serving engine: {check['engine']} {check['version']} (greedy, {title} chain "
             f"of {check['draft_max']})", "",
-            f"The trained EAGLE-3 drafter exported (`eagle3`), {served}, {check['prompts']} "
+            f"The trained {title} drafter exported (`{form}`), {served}, {check['prompts']} "
             f"prompts (first turns of {', '.join(check['prompt_sets'])}) x "
             f"{check['max_new_tokens']} new tokens, engine threads: "
             f"{check.get('engine_threads') or 'all'}; tokens/s from {timing}; draftsmith's loop "
@@ -151,4 +156,22 @@ def _engine_table(name: str, check: dict) -> list[str]:
             f"Engine output with the draft identical to its plain decoding: {same}/{total}"
             + (f"; the loop's answers equal to the engine's: {answers[0]}/{answers[1]} "
                f"({precision})" if answers else "")
-            + f". Check {'passed' if check.get('passed') else 'FAILED'}.", ""]
+            + f". Check {'passed' if check.get('passed') else 'FAILED'}.", "",
+            *_draft_types(check)]
+
+
+def _draft_types(check: dict) -> list[str]:
+    """The engine's speed with the draft GGUF in each weight type (llama.cpp, several asked)."""
+    types = check.get("draft_types") or {}
+    if not types:
+        return []
+    lines = ["| draft GGUF type | size | tau | acceptance | tokens/s | speedup over the engine's "
+             "plain decoding | identical to plain |", "|---|---|---|---|---|---|---|"]
+    for outtype, run in types.items():
+        lines.append(f"| {outtype} | {run['draft_gguf_bytes'] / 1e6:.1f} MB | {fmt(run['tau'])} | "
+                     f"{fmt(run['acceptance'], '.1%')} | {fmt(run['tokens_per_second_spec'], '.1f')} "
+                     f"| **{fmt(run['speedup'])}x** | {run['identical'][0]}/{run['identical'][1]} |")
+    plain = next(iter(types.values()))["tokens_per_second_plain"]
+    return [f"Draft weights in smaller types (the converter's `--outtype`; one plain run at "
+            f"{fmt(plain, '.1f')} tokens/s for all): the draft's weights cost the engine memory "
+            "bandwidth per step like the target's.", "", *lines, ""]

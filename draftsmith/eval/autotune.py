@@ -61,6 +61,8 @@ class _ScoreRecorder:
 
     def __init__(self, inner: Proposer):
         self.inner = inner
+        if hasattr(inner, "record_scores"):  # a chain that scores its nodes only when asked
+            inner.record_scores = True
         self.name = inner.name
         self.steps: list[list[float]] = []
 
@@ -89,6 +91,7 @@ class TreeBudget:
     expected_tau: dict[str, float]
     draft_seconds_per_depth: float
     expected_tokens_per_second: dict[str, float]
+    draft_seconds_per_step: float = 0.0
 
 
 def autotune_tree(
@@ -101,6 +104,8 @@ def autotune_tree(
     topk: int | None = None,
     sampling: SamplingConfig | None = None,
     repeats: int = 5,
+    draft_per_step: bool = False,
+    chain: bool = False,
 ) -> TreeBudget:
     """Choose the dynamic tree's depth and `total_tokens` for this target, drafter and machine.
 
@@ -116,7 +121,13 @@ def autotune_tree(
             so a larger budget is priced at that size.
         sampling: the evaluation's sampling settings (calibrate at its temperature).
         repeats: verify-cost timings per size (minimum taken, after the calibration warmed up).
+        draft_per_step: drafting costs the same at every depth (a block drafter's one forward);
+            otherwise one drafter forward per depth.
+        chain: the proposer drafts chains (a block drafter's), so only size = depth is a
+            candidate: the chain's length.
     """
+    if chain:
+        sizes, topk = tuple(depths), None
     if topk:
         sizes = tuple(sorted({*sizes, topk}))
     deepest = max(depths)
@@ -125,7 +136,8 @@ def autotune_tree(
     for prompt in prompts:  # also warms the target's shapes up before its costs are timed
         result = generate(runner, recorder, prompt, max_new_tokens, sampling=sampling)
         draft_seconds += result.draft_seconds
-    priced = {d: {n: min(n, tree_capacity(d, topk)) for n in sizes} for d in depths}
+    priced = {d: {n: min(n, tree_capacity(d, topk)) for n in sizes if not chain or n == d}
+              for d in depths}
     verify = measure_verify_cost(runner, sorted({1, *[m + 1 for row in priced.values()
                                                         for m in row.values()]}),
                                  repeats=repeats, reduce=min)
@@ -134,19 +146,21 @@ def autotune_tree(
                          "drafted on the calibration prompts (a hybrid that drafted every step by "
                          "prompt lookup has none; pass --tree-total-tokens N instead of auto)")
     # per drafted step: a hybrid's prompt-lookup steps record no scores and cost no drafting
-    t_depth = draft_seconds / max(len(recorder.steps), 1) / deepest
+    t_step = draft_seconds / max(len(recorder.steps), 1)
+    t_depth = t_step / deepest
     tau, speed = {}, {}
     for d in depths:
-        for n in sizes:
+        for n in priced[d]:
             key = f"{d},{n}"
             # nodes are sorted best first: the n best at depth <= d
             tau[key] = 1 + statistics.fmean(
                 sum([p for p, depth in nodes if depth <= d][:priced[d][n]])
                 for nodes in recorder.steps)
-            speed[key] = tau[key] / (verify[priced[d][n] + 1] + d * t_depth)
+            drafting = t_step if draft_per_step else d * t_depth
+            speed[key] = tau[key] / (verify[priced[d][n] + 1] + drafting)
     best = max(speed, key=speed.get)
     d, n = (int(x) for x in best.split(","))
-    return TreeBudget(priced[d][n], d, verify, tau, t_depth, speed)
+    return TreeBudget(priced[d][n], d, verify, tau, t_depth, speed, t_step)
 
 
 def tree_capacity(depth: int, topk: int | None) -> int:

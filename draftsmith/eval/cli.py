@@ -51,6 +51,10 @@ def add_eval_parser(verbs) -> None:
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--num-draft-tokens", type=positive_int_arg, default=4,
                     help="chain length of the draft model and trained-drafter chains")
+    ev.add_argument("--block-length", type=positive_int_arg, default=None,
+                    help="proposals a block drafter (DFlash, DSpark) uses per step: its chain's "
+                    "length or its tree's depth (default: the whole block; with "
+                    "--tree-total-tokens auto, measured on this machine)")
     ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
                     help="prompt lookup chain length")
     ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
@@ -133,7 +137,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
         lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
         datastore=args.datastore, hybrid_min_ngram=args.hybrid_min_ngram,
-        target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
+        block_length=args.block_length, target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=chosen_sets(args.bench, bool(args.prompts)),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
         lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,

@@ -159,7 +159,7 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
                       lookahead_window: int = 4, lookahead_ngram: int = 3,
                       lookahead_guesses: int = 4, rest_tokens: int = 16,
                       datastore: str | None = None, hybrid_min_ngram: int = 3,
-                      **fields) -> EvalConfig:
+                      block_length: int | None = None, **fields) -> EvalConfig:
     """An EvalConfig from flat knobs, the one way the eval CLI and the benchmark build it.
 
     Args:
@@ -170,6 +170,8 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
         lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N, G.
         rest_tokens, datastore: REST's tree size and datastore folder.
         hybrid_min_ngram: shortest prompt-lookup match `drafter_lookup` drafts from.
+        block_length: proposals per step of a block drafter (None: its whole block; autotuned
+            with `tree_total_tokens="auto"`).
         fields: the other EvalConfig fields (target, methods, bench, ...).
 
     Raises:
@@ -185,6 +187,6 @@ def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int
         raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
     settings = ProposerSettings(num_draft_tokens, lookup_tokens, lookup_max_ngram, tree,
                                 lookahead_window, lookahead_ngram, lookahead_guesses, rest_tokens,
-                                datastore, hybrid_min_ngram)
+                                datastore, hybrid_min_ngram, block_length)
     autotune = auto or fields.pop("autotune_tree", False)
     return EvalConfig(sampling=sampling, settings=settings, autotune_tree=autotune, **fields)

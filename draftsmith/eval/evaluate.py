@@ -33,6 +33,7 @@ from draftsmith.eval.lossless import (
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
     NEEDS_DRAFTER,
+    ProposerSettings,
     make_proposer,
     method_reports,
     open_method_resources,
@@ -53,42 +54,70 @@ from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
+from draftsmith.registry import get_spec
 from draftsmith.target import load_target
 
 
-def _uses_dynamic_tree(method: str, drafters: dict) -> bool:
+def _is_block(method: str, drafters: dict) -> bool:
+    """A method decoded by a block drafter (DFlash, DSpark)."""
+    base, label = split_method(method)
+    return base in NEEDS_DRAFTER and get_spec(drafters[label][0].kind).proposer == "block"
+
+
+def _autotuned(method: str, drafters: dict) -> bool:
+    """Methods whose shape `--tree-total-tokens auto` picks: dynamic trees (depth and size) and
+    block drafters' chains (their length)."""
     base, label = split_method(method)
     if base == "draft_model_tree":
         return True
-    return base in NEEDS_DRAFTER and tree_shape(method, drafters[label][0].kind) == "dynamic"
+    if base not in NEEDS_DRAFTER:
+        return False
+    shape = tree_shape(method, drafters[label][0].kind)
+    return shape == "dynamic" or (shape == "chain" and _is_block(method, drafters))
 
 
-def _autotune(runner: MethodExecutor, method: str, prompts, log) -> TreeBudget:
-    """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py)."""
+def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBudget,
+                                                                           ProposerSettings]:
+    """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py); a
+    block drafter's depth is its block length (one drafter forward whatever the length).
+
+    Returns:
+        (the autotuner's choice and curves, the method's settings with it)."""
     cfg = runner.config
     calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
                                runner.chat_template)
                    for p in prompts[:2]]
     drafter, model = runner.drafters.get(split_method(method)[1], (None, runner.target.model))
+    block = _is_block(method, runner.drafters)
+
+    def settings(depth: int, total: int) -> ProposerSettings:
+        tree = replace(cfg.settings.tree, depth=depth, total_tokens=total)
+        return replace(cfg.settings, tree=tree,
+                       block_length=depth if block else cfg.settings.block_length)
 
     def make(depth: int, total: int):
-        tree = replace(cfg.settings.tree, depth=depth, total_tokens=total)
-        return make_proposer(method, replace(cfg.settings, tree=tree), cfg.sampling,
-                             runner.draft_model, drafter)
+        return make_proposer(method, settings(depth, total), cfg.sampling, runner.draft_model,
+                             drafter)
 
     hidden = make(1, 1).needs_hidden_states
+    # a best-first block tree holds k + k^2 + ... nodes, more than EAGLE-2's cap: sizes unclamped
+    shape = {"depths": tuple(range(1, drafter.module.proposals + 1)), "draft_per_step": True,
+             "chain": tree_shape(method, drafter.kind) == "chain", "topk": None} if block else \
+        {"topk": cfg.settings.tree.topk}
     try:
         budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
-                               topk=cfg.settings.tree.topk, sampling=cfg.sampling)
+                               sampling=cfg.sampling, **shape)
     except ValueError as err:
         raise DraftsmithError(f"--tree-total-tokens auto for {method}: {err}") from None
     best = f"{budget.depth},{budget.total_tokens}"
-    log(f"tree for {method}: depth {budget.depth}, {budget.total_tokens} tokens "
-        f"(expected tau {budget.expected_tau[best]:.2f}, drafting "
-        f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth, verify "
+    drafting = f"{budget.draft_seconds_per_step * 1e3:.1f} ms per block" if block else \
+        f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth"
+    log(f"{'block' if block else 'tree'} for {method}: depth {budget.depth}, "
+        f"{budget.total_tokens} tokens (expected tau {budget.expected_tau[best]:.2f}, drafting "
+        f"{drafting}, verify "
         f"{budget.verify_seconds[budget.total_tokens + 1] * 1e3:.0f} ms vs "
         f"{budget.verify_seconds[1] * 1e3:.0f} ms for one token)")
-    return budget
+    return budget, settings(budget.depth, budget.total_tokens)
 
 
 def run_eval(config: EvalConfig, log=print) -> dict:
@@ -117,11 +146,9 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     tree_budgets = {}
     if config.autotune_tree:
         for method in config.methods:
-            if _uses_dynamic_tree(method, drafters):
-                tree_budgets[method] = _autotune(runner, method, prompts, log)
-                runner.settings[method] = replace(config.settings, tree=replace(
-                    config.settings.tree, depth=tree_budgets[method].depth,
-                    total_tokens=tree_budgets[method].total_tokens))
+            if _autotuned(method, drafters):
+                tree_budgets[method], runner.settings[method] = _autotune(runner, method,
+                                                                          prompts, log)
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}], runner.chat_template)
     for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers

@@ -62,6 +62,8 @@ class ProposerSettings:
         datastore: the REST datastore folder (`draftsmith data run` with data.datastore).
         hybrid_min_ngram: shortest prompt-lookup match that `drafter_lookup` drafts from instead
             of the drafter.
+        block_length: proposals a block drafter (DFlash, DSpark) uses per step, its chain's
+            length or its tree's depth; None = the whole block.
     """
 
     num_draft_tokens: int = 4
@@ -74,8 +76,13 @@ class ProposerSettings:
     rest_tokens: int = 16
     datastore: str | None = None
     hybrid_min_ngram: int = 3
+    block_length: int | None = None
 
     def __post_init__(self):
+        if self.block_length is not None and (not isinstance(self.block_length, int) or
+                                              self.block_length < 1):
+            raise DraftsmithError(f"--block-length {self.block_length!r} must be an integer >= 1 "
+                                  "(leave it unset for the whole block)")
         for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram", "lookahead_window",
                      "lookahead_ngram", "lookahead_guesses", "rest_tokens", "hybrid_min_ngram"):
             value = getattr(self, name)
@@ -166,7 +173,8 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
         methods = " or ".join(f"drafter_{s}" for s in spec.tree_shapes)
         raise DraftsmithError(f"{spec.title} drafters decode with {', '.join(spec.tree_shapes)} "
                               f"trees, not {shape}: use drafter or {methods}")
-    tree = TreeSettings(shape, settings.num_draft_tokens, settings.tree, sampling=sampling)
+    tree = TreeSettings(shape, settings.num_draft_tokens, settings.tree, settings.block_length,
+                        sampling)
     return drafter_family(spec.proposer)(drafter.module, tree, f"{drafter.kind}_{shape}")
 
 

@@ -179,6 +179,44 @@ class DFlashDrafter(nn.Module):
         self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
         self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
 
+    @torch.no_grad()
+    def init_from_data(self, features, mean_over_processes=None) -> None:
+        """Start from the data's statistics: `fc` as a per-dimension rescaling of each fused layer
+        (each dimension divided by its median magnitude, the layers averaged) with the massive
+        dimensions dropped, and every layer's output projections at zero (each layer starts as
+        the identity). Called once before training; a resumed run loads its checkpoint over it.
+
+        Why: many targets' layer outputs carry a few massive dimensions at every position
+        (SmolLM2 layer 27: |h| up to ~2.5e4 in one dimension against an RMS of ~130), so a random
+        `fc` fuses nearly the same vector everywhere (mean pairwise cosine 0.77) and training sits
+        on the unigram plateau. A dimension is massive where its RMS over the batch exceeds 20x the
+        layer's median RMS per dimension. The first position of each sequence (special in most targets) is left out.
+
+        Args:
+            features: one training batch's `Features` (its `aux_hidden` are the fused layers).
+            mean_over_processes: (tensor) -> its mean over data-parallel processes, so every rank
+                starts from the same weights; None on one process.
+        """
+        valid = features.attention_mask.bool().clone()
+        valid[:, 0] = False
+        blocks = []
+        for hidden in features.aux_hidden:
+            rows = hidden[valid].float()
+            if rows.shape[0] == 0:
+                return  # nothing to measure: keep the random start
+            rms = rows.pow(2).mean(0).sqrt()  # per dimension
+            ordinary = (rms < 20 * rms.median()).float()
+            scale = rows.abs().median(0).values
+            if mean_over_processes is not None:
+                ordinary = (mean_over_processes(ordinary) == 1).float()
+                scale = mean_over_processes(scale)
+            blocks.append(torch.diag(ordinary / (scale + 1e-3)))
+        weight = torch.cat(blocks, dim=1) / len(blocks)
+        self.fc.weight.copy_(weight.to(self.fc.weight.dtype))
+        for layer in self.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
     def fuse(self, aux_hidden: list[torch.Tensor]) -> torch.Tensor:
         """hidden_norm(fc(cat(layer outputs))): the context features. (..., H)"""
         return self.hidden_norm(self.fc(torch.cat(aux_hidden, dim=-1).to(self.fc.weight.dtype)))

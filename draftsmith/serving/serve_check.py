@@ -51,6 +51,9 @@ class ServeCheckSettings:
         device: where the engines and the loop run: `cpu`, `cuda`, `cuda:N` or `auto` (stored
             resolved). On a GPU llama.cpp puts every layer there (`-ngl 999`) and vLLM runs
             without its CPU-only flags; both need a CUDA build of the engine.
+        draft_outtypes: llama.cpp only: the draft GGUF's weight types (the converter's
+            `--outtype`), one speculative run each after one plain run; the first is the check's
+            main run. A smaller draft costs the engine less memory bandwidth per step.
     """
 
     draft_max: int | None = None
@@ -60,9 +63,20 @@ class ServeCheckSettings:
     loop: bool = False
     engine: str = "llama.cpp"
     device: str = "cpu"
+    draft_outtypes: tuple[str, ...] = ("f32",)
 
     def __post_init__(self):
+        from draftsmith.export.gguf import OUTTYPES
         from draftsmith.target import resolve_device
+
+        types = tuple(self.draft_outtypes)
+        if not types or len(set(types)) < len(types) or set(types) - set(OUTTYPES):
+            raise DraftsmithError(f"--draft-outtype {','.join(types)}: give distinct types among "
+                                  f"{', '.join(OUTTYPES)}, e.g. f32,f16,q8_0")
+        if types != ("f32",) and self.engine != "llama.cpp":
+            raise DraftsmithError("--draft-outtype is for llama.cpp (the draft's GGUF weights); "
+                                  f"{self.engine} serves the export as written")
+        object.__setattr__(self, "draft_outtypes", types)
 
         object.__setattr__(self, "device", str(resolve_device(self.device, "--device")))
         if self.engine not in ENGINES:
@@ -174,6 +188,11 @@ def compare_outputs(prompts: list[BenchPrompt], plain: EngineRun, spec: EngineRu
 def failures(summary: dict, settings: ServeCheckSettings) -> list[str]:
     """What makes the check fail, in words that say where to look."""
     problems = []
+    for outtype, run in (summary.get("draft_types") or {}).items():
+        same, total = run["identical"]
+        if same < total:
+            problems.append(f"with the {outtype} draft GGUF, greedy outputs differ from plain "
+                            f"decoding in the engine on {total - same} of {total} prompts")
     same, total = summary["identical"]
     if same < total:
         bad = next(r for r in summary["records"] if not r["identical"])

@@ -25,7 +25,9 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     target = TargetSpec(name=args.target, device=None, where=FLAGS)
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
-                                  loop=args.loop, engine=args.engine, device=args.device)
+                                  loop=args.loop, engine=args.engine, device=args.device,
+                                  draft_outtypes=tuple(t.strip() for t in
+                                                       args.draft_outtype.split(",")))
     # before any prompt set is installed: the export, the engine's Python, the target's files
     require_export_folder(Path(args.export_dir))
     checked = check_targets(target.name, args.target_gguf, args.engine)
@@ -60,6 +62,10 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--draft-max", type=positive_int_arg,
                         help="draft tokens per engine step (the loop's chain length too; default "
                         "3, and a DFlash export's whole block, block_size - 1)")
+    parser.add_argument("--draft-outtype", default="f32",
+                        help="llama.cpp: the draft GGUF's weight type(s), comma-separated, one "
+                        "speculative run each next to one plain run: f32 (exact), f16, bf16, "
+                        "q8_0 (a smaller draft reads less memory per step); default f32")
     parser.add_argument("--min-acceptance", type=float, default=0.05,
                         help="fail when the engine accepts fewer of the draft tokens than this")
     parser.add_argument("--threads", type=positive_int_arg,

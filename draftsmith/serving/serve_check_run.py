@@ -150,6 +150,11 @@ def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
     log(f"{'':44} {'engine':>10} {'draftsmith loop':>18}")
     for name, a, b in rows:
         log(f"{name:44} {a:>10} {b:>18}")
+    for outtype, run in (summary.get("draft_types") or {}).items():
+        log(f"draft GGUF {outtype:5} ({run['draft_gguf_bytes'] / 1e6:.1f} MB): "
+            f"{run['tokens_per_second_spec']:.1f} tokens/s, {run['speedup']:.2f}x plain, "
+            f"acceptance {run['acceptance']:.1%}, identical {run['identical'][0]}/"
+            f"{run['identical'][1]}")
 
 
 def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchPrompt],
@@ -184,15 +189,28 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     if settings.engine == "vllm":
         plain, spec, served = _run_vllm(export_dir, target_dir, ids, settings, method, out_dir,
                                         log)
+        more = {}
     else:
-        plain, spec, served = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings, method,
-                                             out_dir, log)
+        plain, spec, served, more = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
+                                                   method, out_dir, log)
         served.update(gguf_record)
-    engine = engine_acceptance(spec, settings.draft_max, served.pop("metric_prefix"))
-    engine["tokens_per_second_spec"] = round(spec.tokens_per_second, 2)
-    engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
-    engine["speedup"] = round(spec.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
+    prefix = served.pop("metric_prefix")
+
+    def stats(run) -> dict:
+        engine = engine_acceptance(run, settings.draft_max, prefix)
+        engine["tokens_per_second_spec"] = round(run.tokens_per_second, 2)
+        engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
+        engine["speedup"] = round(run.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
+        return engine
+
+    engine = stats(spec)
     records = compare_outputs(prompts, plain, spec)
+    if more:  # every draft type: the engine's own numbers, one plain run for all
+        served["draft_types"] = {
+            outtype: {**stats(run), "draft_gguf_bytes": path.stat().st_size,
+                      "identical": [sum(r["identical"] for r in compared), len(compared)]}
+            for outtype, (run, path) in more.items()
+            for compared in [compare_outputs(prompts, plain, run)]}
     summary = {
         **served, "target": target, "export_dir": str(export_dir), "kind": drafter.kind,
         "export_format": drafter.format,
@@ -221,19 +239,27 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
 
 def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
                    settings: ServeCheckSettings, spec_type: str, out_dir: Path, log) -> tuple:
-    """(plain run, speculative run, what served them) in llama.cpp with the converted draft
+    """(plain run, the first draft type's speculative run, what served them, {draft type:
+    (its run, its GGUF)} when more than one type is asked) in llama.cpp with the converted draft
     under `--spec-type spec_type`."""
     from draftsmith.export.gguf import convert_to_gguf
 
-    draft_gguf = convert_to_gguf(export_dir, target_dir, out_dir / "draft.gguf", log)
+    types = settings.draft_outtypes
     plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
-    draft = DraftOptions(draft_gguf, spec_type=spec_type, draft_max=settings.draft_max)
-    spec = run_engine(gguf, ids, settings,
-                      out_dir / f"engine_{spec_type.removeprefix('draft-')}.log", draft, log)
+    runs = {}
+    for outtype in types:
+        name = "draft.gguf" if outtype == "f32" else f"draft-{outtype}.gguf"
+        draft_gguf = convert_to_gguf(export_dir, target_dir, out_dir / name, log, outtype)
+        draft = DraftOptions(draft_gguf, spec_type=spec_type, draft_max=settings.draft_max)
+        tag = spec_type.removeprefix('draft-') + ("" if outtype == "f32" else f"-{outtype}")
+        runs[outtype] = run_engine(gguf, ids, settings, out_dir / f"engine_{tag}.log", draft,
+                                   log), draft_gguf
+    spec, draft_gguf = runs[types[0]]
     record = engine_record()
     return plain, spec, {"engine": record["engine"], "version": record["version"],
                          "target_gguf": str(gguf), "draft_gguf": str(draft_gguf),
-                         "spec_type": draft.spec_type, "metric_prefix": "llamacpp"}
+                         "draft_outtype": types[0], "spec_type": spec_type,
+                         "metric_prefix": "llamacpp"}, runs if len(types) > 1 else {}
 
 
 def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],

@@ -84,15 +84,33 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         if self.joint:
             return medusa2_loss(self.drafter, self.target, batch)
-        target = self._frozen_target[0]
-        num_layers = target.config.num_hidden_layers
-        if f"hidden_states.{num_layers}" in batch:  # offline: read from the feature cache
-            features = cached_features(batch, target.get_output_embeddings(), self.aux_layers,
-                                       num_layers)
-        else:
-            features = target_features(target, batch["input_ids"], batch["attention_mask"],
-                                       batch["loss_mask"], self.aux_layers)
-        return self.spec.loss(self.drafter, features)
+        return self.spec.loss(self.drafter, batch_features(self._frozen_target[0], batch,
+                                                           self.aux_layers))
+
+
+def batch_features(target, batch: dict, aux_layers: list[int]):
+    """A batch's `Features`: read from the offline cache's tensors, or the frozen target run."""
+    num_layers = target.config.num_hidden_layers
+    if f"hidden_states.{num_layers}" in batch:  # offline: read from the feature cache
+        return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)
+    return target_features(target, batch["input_ids"], batch["attention_mask"],
+                           batch["loss_mask"], aux_layers)
+
+
+def init_from_first_batch(drafter, target, data, aux_layers: list[int], accelerator) -> None:
+    """A drafter that starts from data statistics (`init_from_data`, e.g. DFlash's `fc`) measures
+    them on this rank's first training batch, averaged over the processes."""
+    if not hasattr(drafter, "init_from_data"):
+        return
+    batch = next(iter(data.train_batches(0, 0)), None)
+    if batch is None:
+        return
+    with torch.no_grad():
+        features = batch_features(target, {k: v.to(accelerator.device) for k, v in batch.items()},
+                                  aux_layers)
+        many = accelerator.num_processes > 1
+        drafter.init_from_data(features, (lambda t: accelerator.reduce(t, "mean")) if many
+                               else None)
 
 
 @torch.no_grad()
@@ -165,6 +183,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                           "decoder layer to recompute; nothing changes")
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = spec.trains_target(drafter_config)
+    init_from_first_batch(drafter, target, data, aux_layers, accelerator)
     if joint:
         target = wrap_with_lora(target, drafter_config)
 

@@ -159,6 +159,9 @@ def test_lossless_line_of_the_report():
     ({"drafter": "eagle9"}, "engine.drafter 'eagle9' is not in `kinds`"),
     ({"drafter": "eagle1", "threads": 2}, "give `drafter`"),
     ({"drafter": "eagle3", "engines": ["sglang"]}, "engine.engines"),
+    ([{"drafter": "eagle1", "outtypes": ["f16"]}], "is a eagle1 drafter"),
+    ({"drafter": "eagle3", "outtypes": ["q4_0"]}, "engine.outtypes"),
+    ("eagle1", "give one check"),
 ])
 def test_bad_engine_sections_are_clear_errors(tmp_path, engine, message):
     with pytest.raises(DraftsmithError, match=message):
@@ -179,8 +182,17 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
     vllm = {**check, "engine": "vLLM (CPU build)", "version": "0.32.0", "target_gguf": None,
             "speculative_config": {"method": "eagle3", "model": "/x", "num_speculative_tokens": 2},
             "dtype": "float32", "passed": False}
-    text = "\n".join(engine_section({"engines": {"llama.cpp": check, "vllm": vllm}}))
+    types = {name: {**check["engine_stats"], "draft_gguf_bytes": size, "identical": [30, 30]}
+             for name, size in (("f32", 79_200_000), ("q8_0", 22_400_000))}
+    dflash = {**check, "kind": "dflash", "export_format": "dflash", "draft_max": 7,
+              "draft_types": types}
+    text = "\n".join(engine_section({"engines": {"eagle3 in llama.cpp": check,
+                                                 "eagle3 in vllm": vllm,
+                                                 "dflash in llama.cpp": dflash}}))
     assert "### In a serving engine: llama.cpp b1 (greedy, EAGLE-3 chain of 2)" in text
+    assert "### In a serving engine: llama.cpp b1 (greedy, DFlash chain of 7)" in text
+    assert "The trained DFlash drafter exported (`dflash`)" in text
+    assert "| q8_0 | 22.4 MB | 1.80 | 40.0% | 150.0 | **1.50x** | 30/30 |" in text
     assert "accepted at draft position 2" in text and "20.0%" in text and "19.0%" in text
     assert "1.50x" in text and "identical to its plain decoding: 30/30" in text
     assert "equal to the engine's: 12/30" in text and "Check passed." in text

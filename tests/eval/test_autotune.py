@@ -48,3 +48,36 @@ def test_budgets_beyond_a_trees_capacity_are_priced_at_its_capacity():
     assert budget.depth == 1 and budget.total_tokens == 2  # depth 1 of top-2 holds 2 nodes
     assert budget.expected_tau["1,8"] == budget.expected_tau["1,2"]
     assert set(budget.verify_seconds) == {1, 3}  # only the sizes that can occur were timed
+
+
+def test_a_block_drafter_is_tuned_by_length_at_one_forward_per_step():
+    import torch
+
+    from draftsmith.decoding.proposers.base import TreeSettings
+    from draftsmith.decoding.proposers.block_drafter import BlockDrafterProposer
+    from draftsmith.registry import get_spec
+
+    target = tiny_target("llama")
+    spec = get_spec("dflash")
+    torch.manual_seed(0)
+    module = spec.build(target.config, spec.make_config({"block_size": 5, "num_layers": 1}))
+    module.init_from_target(target)
+    made = []
+
+    def make(depth, total):
+        made.append(BlockDrafterProposer(module, TreeSettings("chain", block_length=depth),
+                                         "dflash_chain"))
+        return made[-1]
+
+    depths = (1, 2, 3, 4)
+    budget = autotune_tree(CausalLMRunner(target, output_hidden_states=True), make,
+                           [list(range(5, 25))], depths=depths, max_new_tokens=8,
+                           draft_per_step=True, chain=True)
+    assert made[0].record_scores  # the chain scored its nodes for the autotuner
+    assert set(budget.expected_tau) == {f"{d},{d}" for d in depths}  # a chain's size is its length
+    taus = [budget.expected_tau[f"{d},{d}"] for d in depths]
+    assert taus == sorted(taus) and taus[0] > 1.0
+    assert budget.total_tokens == budget.depth
+    for d in depths:  # one drafter forward per step, whatever the length
+        expected = taus[d - 1] / (budget.verify_seconds[d + 1] + budget.draft_seconds_per_step)
+        assert abs(budget.expected_tokens_per_second[f"{d},{d}"] - expected) < 1e-9 * expected

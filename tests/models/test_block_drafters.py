@@ -140,3 +140,33 @@ def test_training_blocks_equal_decode_time_blocks(kind, family):
                 decoded = module.draft_block(ids[row, anchor], anchor, context)
                 expected = trained[row, column, 1 - module.label_shift:]
                 assert torch.allclose(decoded, expected, atol=1e-5), (row, anchor)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_init_from_data_rescales_each_layer_and_drops_massive_dimensions(kind):
+    target = tiny_target("llama")
+    module = build(kind, target)
+    ids, attention, loss_mask = batch(target)
+    features = target_features(target, ids, attention, loss_mask, module.target_layer_ids)
+    hidden = target.config.hidden_size
+    features.aux_hidden[0][:, :, 3] = 1e4  # a massive dimension at every position
+    module.init_from_data(features)
+    weight = module.fc.weight.detach()
+    k = len(module.target_layer_ids)
+    blocks = weight.view(hidden, k, hidden).transpose(0, 1)  # layer j's (H, H) block
+    for j, block in enumerate(blocks):
+        assert torch.equal(block, torch.diag(block.diagonal()))  # a per-dimension rescaling
+        rows = features.aux_hidden[j][attention.bool() & (torch.arange(24) > 0)]
+        expected = 1 / (rows.abs().median(0).values + 1e-3) / k
+        if j == 0:
+            assert block[3, 3] == 0  # the massive dimension is dropped
+            expected[3] = 0
+        torch.testing.assert_close(block.diagonal(), expected)
+    for layer in module.layers:  # each layer starts as the identity
+        assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
+    # every rank starts from the same weights: each layer's statistics are averaged over processes
+    seen = []
+    again = build(kind, target)
+    again.init_from_data(features, lambda t: seen.append(t.shape) or t)
+    assert seen == [(hidden,)] * (2 * k)
+    torch.testing.assert_close(again.fc.weight, module.fc.weight)

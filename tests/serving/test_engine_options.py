@@ -45,6 +45,10 @@ def test_vllm_refuses_a_folder_that_is_not_a_model(tmp_path):
 def test_unknown_engine_and_misplaced_gguf_are_one_error_each(tmp_path, capsys):
     with pytest.raises(DraftsmithError, match=r"choose llama\.cpp, vllm"):
         ServeCheckSettings(engine="sglang")
+    with pytest.raises(DraftsmithError, match="--draft-outtype f32,q4_0: give distinct types"):
+        ServeCheckSettings(draft_outtypes=("f32", "q4_0"))
+    with pytest.raises(DraftsmithError, match="--draft-outtype is for llama.cpp"):
+        ServeCheckSettings(engine="vllm", draft_outtypes=("f16",))
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "prompts.txt").write_text("Hello.\n")
     assert main(["serve-check", str(tmp_path), "--engine", "vllm", "--target-gguf", "t.gguf",

@@ -83,11 +83,16 @@ def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
                                 block_size=DRAFT_MAX + 1)
     export = export_drafter(checkpoint, "dflash", tmp_path / "export")
 
-    code, result = serve_check(tmp_path, export, prompt_file)  # --draft-max 3: the whole block
+    # --draft-max 3: the whole block; the draft GGUF also in q8_0 (a second speculative run)
+    code, result = serve_check(tmp_path, export, prompt_file, "--draft-outtype", "f32,q8_0")
 
     assert code == 0
     assert result["identical"] == [1, 1]
     assert result["kind"] == "dflash" and result["spec_type"] == "draft-dflash"
+    small = result["draft_types"]["q8_0"]
+    assert small["identical"] == [1, 1]  # a quantized draft cannot change greedy output
+    assert small["draft_gguf_bytes"] < result["draft_types"]["f32"]["draft_gguf_bytes"] / 2
+    assert small["acceptance"] > 0
     fields = gguf_fields(tmp_path / "serve_check" / "draft.gguf")
     assert fields["dflash.target_layers"] == [2, 28]  # layer inputs of outputs [1, 27]
     assert fields["dflash.block_size"] == DRAFT_MAX + 1

@@ -70,6 +70,7 @@ class BlockDrafterProposer:
     """
 
     needs_hidden_states = True
+    record_scores = False  # chains carry their path log-probabilities (the autotuner asks)
 
     def __init__(self, drafter, tree: TreeSettings, name: str,
                  sampling: SamplingConfig | None = None):
@@ -122,14 +123,17 @@ class BlockDrafterProposer:
         if not self.markov:
             logits = self.drafter.logits(hidden)  # (D, V)
             if self.sampling is None:
-                return chain_tree(root, logits.argmax(-1).tolist(), device=logits.device)
+                drafts = logits.argmax(-1)
+                return self._scored(chain_tree(root, drafts.tolist(), device=logits.device),
+                                    logits, drafts)
             probs = logits_to_probs(logits, self.sampling)
             drafts = torch.cat([sample_token(row, self.generator) for row in probs])
-            return chain_tree(root, drafts.tolist(), probs)
+            return self._scored(chain_tree(root, drafts.tolist(), probs), logits, drafts)
         # DSpark: left to right, each row conditioned on the token before it
-        previous, drafts, rows, confident = anchor, [], [], []
+        previous, drafts, rows, confident, row_logits = anchor, [], [], [], []
         for k in range(hidden.shape[0]):
             logits, confidence = self.drafter.row_logits(hidden[k], previous)
+            row_logits.append(logits)
             if self.sampling is None:
                 previous = logits.argmax(-1)
             else:
@@ -146,7 +150,16 @@ class BlockDrafterProposer:
         probs = torch.stack(rows)[:keep] if rows else None
         if keep == 0:
             return root_only_tree(root, drafts.device)
-        return chain_tree(root, drafts[:keep].tolist(), probs, device=drafts.device)
+        return self._scored(chain_tree(root, drafts[:keep].tolist(), probs, device=drafts.device),
+                            torch.stack(row_logits[:keep]), drafts[:keep])
+
+    def _scored(self, tree: Tree, logits: torch.Tensor, drafts: torch.Tensor) -> Tree:
+        """The chain with its nodes' path log-probabilities under the drafter (root 0) when
+        `record_scores` is set: what the autotuner prices block lengths by."""
+        if self.record_scores:
+            chosen = torch.log_softmax(logits.float(), -1).gather(1, drafts.view(-1, 1))[:, 0]
+            tree.scores = torch.cat([chosen.new_zeros(1), chosen.cumsum(0)])
+        return tree
 
     def _markov_tree(self, root: int, hidden: torch.Tensor) -> Tree:
         """DSpark's tree: EAGLE-2 expansion where a node's children come from the next row's
