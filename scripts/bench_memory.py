@@ -188,7 +188,7 @@ def worker_epoch(args) -> dict:
     (mapped cache pages) parts at the end."""
     import random
 
-    from draftsmith.data.cache import FeatureCache
+    from draftsmith.data.cache_reader import FeatureCache
     from draftsmith.train.batching import collate
 
     cache = FeatureCache.open(args.cache)

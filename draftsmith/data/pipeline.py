@@ -19,7 +19,8 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.cache import build_feature_cache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.config import DataRecipe
 from draftsmith.data.datastore import build_datastore_step
 from draftsmith.data.draft_vocab import (

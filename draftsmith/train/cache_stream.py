@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.data.cache import FeatureCache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.batching import collate
 

@@ -183,7 +183,7 @@ def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
         DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers,
             or too few shards or samples for the processes and batch size.
     """
-    from draftsmith.data.cache import FeatureCache
+    from draftsmith.data.cache_reader import FeatureCache
     from draftsmith.data.identity import TargetIdentity
     from draftsmith.models.features import hidden_key
     from draftsmith.registry import get_spec

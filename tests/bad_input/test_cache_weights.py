@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.cache import build_feature_cache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.cache import build_feature_cache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab
 from draftsmith.data.render import RenderedSample
 from draftsmith.data.sources import load_conversations

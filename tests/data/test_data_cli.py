@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from draftsmith.data.cache import FeatureCache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.cli import add_data_parser, main, marked_text
 from draftsmith.data.draft_vocab import load_draft_vocab
 from draftsmith.errors import DraftsmithError

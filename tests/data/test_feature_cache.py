@@ -4,7 +4,8 @@ equal to online, resume, refusal of another target or tokenizer)."""
 import pytest
 import torch
 
-from draftsmith.data.cache import FeatureCache, build_feature_cache, plan_shards
+from draftsmith.data.cache import build_feature_cache, plan_shards
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.draft_vocab import token_counts
 from draftsmith.data.features import layers_for_kind, layers_for_kinds

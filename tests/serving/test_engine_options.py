@@ -47,7 +47,7 @@ def test_unknown_engine_and_misplaced_gguf_are_one_error_each(tmp_path, capsys):
         ServeCheckSettings(engine="sglang")
     with pytest.raises(DraftsmithError, match="--draft-outtype f32,q4_0: give distinct types"):
         ServeCheckSettings(draft_outtypes=("f32", "q4_0"))
-    with pytest.raises(DraftsmithError, match="--draft-outtype is for llama.cpp"):
+    with pytest.raises(DraftsmithError, match=r"--draft-outtype is for llama\.cpp"):
         ServeCheckSettings(engine="vllm", draft_outtypes=("f16",))
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "prompts.txt").write_text("Hello.\n")

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftsmith.data.cache import FeatureCache, build_feature_cache
+from draftsmith.data.cache import build_feature_cache
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.features import hidden_key
