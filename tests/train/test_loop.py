@@ -263,3 +263,23 @@ def test_schedules_shape_the_learning_rate():
     assert [constant(s) for s in (2, 9, 10)] == [1.0, 1.0, 1.0]
     with pytest.raises(DraftsmithError, match=r"train\.schedule='linear': use one of cosine"):
         build_recipe({"drafter": {"kind": "eagle3"}, "train": {"schedule": "linear"}})
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_block_drafters_start_from_the_data_statistics(kind, tmp_path):
+    """The loop measures the first batch before training (`init_from_data`): with a learning rate
+    too small to move anything, the saved `fc` is still a per-dimension rescaling of each fused
+    layer and every layer's output projections are still zero."""
+    target = tiny_target("llama")
+    out = run_training(recipe_for(kind, tmp_path, lr=1e-12, max_steps=2), examples(),
+                       target=target)
+    weights = load_file(out / "model.safetensors")
+    hidden = target.config.hidden_size
+    fc = weights["fc.weight"].float()
+    blocks = fc.view(hidden, -1, hidden).transpose(0, 1)
+    for block in blocks:
+        off_diagonal = block - torch.diag(block.diagonal())
+        assert off_diagonal.abs().max() < 1e-6 and block.diagonal().abs().min() > 1e-3
+    for name, weight in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            assert weight.abs().max() < 1e-6, name
