@@ -61,8 +61,10 @@ class _ScoreRecorder:
 
     def __init__(self, inner: Proposer):
         self.inner = inner
-        if hasattr(inner, "record_scores"):  # a chain that scores its nodes only when asked
-            inner.record_scores = True
+        # a chain that scores its nodes only when asked, alone or as a hybrid's drafter
+        for proposer in (inner, getattr(inner, "drafter", None)):
+            if hasattr(proposer, "record_scores"):
+                proposer.record_scores = True
         self.name = inner.name
         self.steps: list[list[float]] = []
 

@@ -81,3 +81,28 @@ def test_a_block_drafter_is_tuned_by_length_at_one_forward_per_step():
     for d in depths:  # one drafter forward per step, whatever the length
         expected = taus[d - 1] / (budget.verify_seconds[d + 1] + budget.draft_seconds_per_step)
         assert abs(budget.expected_tokens_per_second[f"{d},{d}"] - expected) < 1e-9 * expected
+
+
+def test_a_hybrid_of_a_block_drafter_scores_its_drafted_chains():
+    import torch
+
+    from draftsmith.decoding.proposers.base import TreeSettings
+    from draftsmith.decoding.proposers.block_drafter import BlockDrafterProposer
+    from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
+    from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
+    from draftsmith.registry import get_spec
+
+    target = tiny_target("llama")
+    spec = get_spec("dflash")
+    torch.manual_seed(0)
+    module = spec.build(target.config, spec.make_config({"block_size": 4, "num_layers": 1}))
+    module.init_from_target(target)
+
+    def make(depth, total):
+        block = BlockDrafterProposer(module, TreeSettings("chain", block_length=depth), "chain")
+        return LookupHybridProposer(block, PromptLookupProposer(8, 3), 3, "chain+lookup")
+
+    budget = autotune_tree(CausalLMRunner(target, output_hidden_states=True), make,
+                           [list(range(5, 25))], depths=(1, 2, 3), max_new_tokens=8,
+                           draft_per_step=True, chain=True)
+    assert budget.depth in (1, 2, 3) and budget.expected_tau[f"{budget.depth},{budget.depth}"] > 1
