@@ -23,12 +23,18 @@ class KindEntry:
         recipe: the training recipe it starts from (its `data:` section is replaced by the
             benchmark's shared one).
         drafter, train: overrides of the recipe's sections for this drafter.
+        data: a data recipe of its own instead of the shared one (prepared into
+            `out_dir/data-<its file name>`, shared by the entries naming the same file): how a
+            drafter scales with data, the other entries as the reference.
+        budget_minutes: its own wall-clock budget instead of the benchmark's.
     """
 
     label: str
     recipe: str
     drafter: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    data: str | None = None
+    budget_minutes: float | None = None
 
 
 PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens")
@@ -231,11 +237,15 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
                for label, v in kinds.items()]
     evaluation = _section(EvalSection, raw.pop("eval", None) or {}, f"{path}: eval")
     config = _section(BenchConfig, raw, str(path), kinds=entries, eval=evaluation, path=str(path))
-    for file in [config.data, *[k.recipe for k in entries]]:
+    for file in [config.data, *[k.recipe for k in entries], *[k.data for k in entries if k.data]]:
         if not Path(file).is_file():
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
+    for entry in entries:
+        if entry.budget_minutes is not None and not entry.budget_minutes > 0:
+            raise DraftsmithError(f"{path}: kinds.{entry.label}.budget_minutes = "
+                                  f"{entry.budget_minutes!r} must be > 0")
     if device is not None:
         from draftsmith.target import resolve_device
 

@@ -84,16 +84,28 @@ def shared_head(record: dict) -> bool:
     return bool((yaml.safe_load(recipe.read_text()).get("drafter") or {}).get("shared_head"))
 
 
+def _own_data(records: dict) -> bool:
+    """Some drafters trained on data of their own (a data-scaling run)."""
+    return len({(r.get("data") or {}).get("folder") for r in records.values()}) > 1
+
+
 def _training_table(bench: dict) -> list[str]:
-    lines = ["| drafter | kind | trained params | features | steps | batch | s/step | tokens/s "
-             "| train minutes | held-out acc@1 | acc@2 | acc@3 | simulated tau |", "|" + "---|" * 13]
-    for label, rec in bench["training"].items():
+    records = bench["training"]
+    own_data = _own_data(records)  # then the conversations each trained on
+    lines = ["| drafter | kind | trained params | features | "
+             + ("conversations | tokens | " if own_data else "")
+             + "steps | batch | s/step | tokens/s | train minutes | held-out acc@1 | acc@2 | acc@3 | "
+             "simulated tau |", "|" + "---|" * (15 if own_data else 13)]
+    for label, rec in records.items():
         held = rec.get("held_out", {})
+        data = rec.get("data") or {}
+        columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d")] \
+            if own_data else []
         lines.append("| " + " | ".join([
             label, rec["kind"] + (" + LoRA" if rec.get("lora") else "")
             + (" (heads share the target's frozen output layer)" if shared_head(rec) else ""),
             _fmt((rec.get("trainable_params") or 0) / 1e6, ".1f") + "M", rec["features"],
-            str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
+            *columns, str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
             _fmt(rec.get("tokens_per_second"), ".0f"), _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
             _fmt(held.get("acc_2")), _fmt(held.get("simulated_tau"))]) + " |")
     return lines
@@ -240,13 +252,16 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     rendering = data.get("rendering") or {}
     cache = data.get("cache") or {}
     regenerated = bool((data.get("data") or {}).get("regenerate"))
-    lines = [f"## {cfg['target']}", "",
+    name = bench_name(cfg)
+    shared = ("**Data** (shared by the drafters without data of their own, whose conversations "
+              "the training table lists): " if _own_data(bench["training"]) else
+              "**Data** (shared by every drafter): ")
+    lines = [f"## {cfg['target']}" + (f" ({name})" if name != cfg["target"] else ""), "",
              f"Measured on {any_eval.get('hardware', '?')}, {any_eval.get('date', '?')}, commit "
              f"`{any_eval.get('commit', '?')}`, torch {any_eval.get('torch', '?')}; "
              f"{(any_eval.get('machine') or {}).get('dtype') or cfg['dtype']}, "
              f"batch 1. Config: `{cfg['path']}`. Raw results: `{folder}/`.", "",
-             "**Data** (shared by every drafter): "
-             f"{_fmt(rendering.get('rendered'), ',')} conversations, "
+             shared + f"{_fmt(rendering.get('rendered'), ',')} conversations, "
              f"{_fmt(rendering.get('tokens'), ',')} tokens, {_fmt(rendering.get('masked_tokens'), ',')} "
              f"in the loss, {regenerated_line(data) if regenerated else 'responses as written (labels are the target logits)'}; "
              f"hidden-state cache {_fmt(cache.get('bytes_per_token'), ',.0f')} bytes/token. "
@@ -313,14 +328,21 @@ KEPT_NOTE = ("*Kept from an earlier run* of the benchmark (its machine, date and
              "bench --config {config}`.")
 
 
+def bench_name(config: dict) -> str:
+    """A benchmark's name in BENCHMARKS.md and under benchmarks/: its run folder's name (the
+    target's for the per-target benchmarks; `smollm2-135m-scaling` for the data-scaling one)."""
+    return Path(config.get("out_dir") or config["target"]).name
+
+
 def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:
-    """The committed results (`benchmarks/TARGET/bench.json`) of targets this run did not
-    measure, so that BENCHMARKS.md keeps every target when one is benchmarked on its own."""
+    """The committed results (`benchmarks/NAME/bench.json`) of benchmarks this run did not
+    measure (`measured`: their names), so that BENCHMARKS.md keeps every one when one is run on
+    its own."""
     kept = []
     for path in sorted(root.glob("*/bench.json")):
         bench = json.loads(path.read_text())
-        target = bench.get("config", {}).get("target")
-        if target == path.parent.name and target not in measured:
+        name = bench_name(bench.get("config", {})) if bench.get("config") else None
+        if name == path.parent.name and name not in measured:
             kept.append((bench, None))
     return kept
 
@@ -343,7 +365,7 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
     if machine_path is not None:
         lines += verify_cost_section(machine_path)
     for bench, run_dir in benches:
-        folder = Path("benchmarks") / bench["config"]["target"]
+        folder = Path("benchmarks") / bench_name(bench["config"])
         if run_dir is None:  # kept from an earlier run: its files are already in `folder`
             section = target_section(bench, folder, overhead)
             note = KEPT_NOTE.format(config=bench["config"].get("path", "its config"))

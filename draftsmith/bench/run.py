@@ -35,19 +35,29 @@ from draftsmith.train.budget import steps_for_budget
 from draftsmith.train.metrics import metrics_rows
 
 
-def prepare_data(config: BenchConfig, log=print) -> Path:
-    """Run the shared data recipe (resumes; finished steps are skipped)."""
+def data_folder(config: BenchConfig, entry: KindEntry | None = None) -> Path:
+    """Where a drafter's data is prepared: the shared `data/`, or `data-<recipe file name>` for an
+    entry with a data recipe of its own."""
+    if entry is None or not entry.data:
+        return Path(config.out_dir) / "data"
+    return Path(config.out_dir) / f"data-{Path(entry.data).stem}"
+
+
+def prepare_data(config: BenchConfig, log=print, entry: KindEntry | None = None) -> Path:
+    """Run the shared data recipe, or an entry's own (resumes; finished steps are skipped)."""
     from draftsmith.data.config import load_data_recipe
     from draftsmith.data.pipeline import run_data_recipe
 
-    recipe = load_data_recipe(config.data, [f"data.out_dir={Path(config.out_dir) / 'data'}",
-                                            f"target.device={config.compute_device()}"])
+    folder = data_folder(config, entry)
+    source = entry.data if entry is not None and entry.data else config.data
+    recipe = load_data_recipe(source, [f"data.out_dir={folder}",
+                                       f"target.device={config.compute_device()}"])
     summary = run_data_recipe(recipe, log=log)
-    if not (Path(config.out_dir) / "data" / "tokenized.jsonl").is_file() or \
+    if not (folder / "tokenized.jsonl").is_file() or \
             (summary.get("cache") and not summary["cache"]["complete"]):
-        raise DraftsmithError("the shared data preparation did not finish; run the benchmark "
-                              "again to resume it")
-    return Path(config.out_dir) / "data"
+        raise DraftsmithError(f"the data preparation in {folder} did not finish; run the "
+                              "benchmark again to resume it")
+    return folder
 
 
 def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
@@ -55,11 +65,12 @@ def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
     from draftsmith.config_values import read_yaml_mapping
 
     raw = read_yaml_mapping(entry.recipe, "recipe", "recipes live in recipes/")
-    data = read_yaml_mapping(config.data, "data recipe", "see recipes/data/")
+    source = entry.data or config.data
+    data = read_yaml_mapping(source, "data recipe", "see recipes/data/")
     if not isinstance(data.get("data"), dict):
-        raise DraftsmithError(f"data recipe {config.data} has no `data:` section")
+        raise DraftsmithError(f"data recipe {source} has no `data:` section")
     data = data["data"]
-    data["out_dir"] = str(Path(config.out_dir) / "data")
+    data["out_dir"] = str(data_folder(config, entry))
     raw["data"] = data
     target = config.target_spec()
     raw["target"] = {**raw.get("target", {}), "name": target.name, "dtype": target.dtype}
@@ -154,6 +165,8 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     record_path = folder / "budget.json"
     if record_path.is_file() and (folder / "drafter").is_dir():
         return read_record(folder)
+    if entry.data:  # its own data (resumes; the shared one is the data stage's)
+        prepare_data(config, log, entry)
     calibration = out / "calibrate" / entry.label
     rows = _metrics(calibration)
     if not any(r.get("step") == config.calibration_steps and "loss" in r for r in rows):
@@ -162,10 +175,10 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         _train(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
         rows = _metrics(calibration)
     per_step = seconds_per_step(rows)
+    budget = entry.budget_minutes or config.budget_minutes
     steps = max(config.calibration_steps, steps_for_budget(
-        per_step, config.budget_minutes * 60, elapsed_seconds=0.0, done_steps=0,
-        max_steps=sys.maxsize))
-    log(f"{entry.label}: {per_step:.2f} s/step -> {steps} steps in {config.budget_minutes:g} min")
+        per_step, budget * 60, elapsed_seconds=0.0, done_steps=0, max_steps=sys.maxsize))
+    log(f"{entry.label}: {per_step:.2f} s/step -> {steps} steps in {budget:g} min")
     raw = kind_recipe(config, entry, output_dir=str(folder))
     raw["train"].update(max_steps=steps, warmup_steps=min(raw["train"].get("warmup_steps", 0),
                                                           steps // 10),
@@ -180,7 +193,8 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     final = [r for r in rows if r.get("step") == steps and any(k.startswith("eval/") for k in r)]
     record = {
         "label": entry.label, "kind": raw["drafter"]["kind"], "steps": steps,
-        "seconds_per_step": per_step, "budget_minutes": config.budget_minutes,
+        "seconds_per_step": per_step, "budget_minutes": budget,
+        "data": _data_record(data_folder(config, entry)),
         "tokens_per_second": tokens_per_second(rows),
         "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
         "features": raw["train"].get("features", "online"),
@@ -193,6 +207,17 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     }
     write_json(record_path, record)
     return record
+
+
+def _data_record(folder: Path) -> dict:
+    """What a drafter trained on: its data folder's conversations and tokens (summary.json)."""
+    path = folder / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    rendering = summary.get("rendering") or {}
+    return {"folder": str(folder), "conversations": rendering.get("rendered"),
+            "tokens": rendering.get("tokens"),
+            "regenerated": (summary.get("regeneration") or {}).get("conversations"),
+            "cached": (summary.get("cache") or {}).get("samples")}
 
 
 def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:

@@ -290,6 +290,37 @@ def test_the_training_table_says_when_medusa_heads_share_the_target_head(tmp_pat
     assert not shared_head({"kind": "medusa", "recipe": str(tmp_path / "gone.yaml")})
 
 
+def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path):
+    from draftsmith.bench.report import _training_table, bench_name
+    from draftsmith.bench.run import data_folder, kind_recipe
+
+    path = write_configs(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    own = tmp_path / "more.yaml"
+    own.write_text((tmp_path / "data.yaml").read_text())
+    raw["kinds"]["eagle1-more"] = {"recipe": raw["kinds"]["eagle1"]["recipe"], "data": str(own),
+                                   "budget_minutes": 2}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = load_bench_config(path)
+    entry = config.kind("eagle1-more")
+    assert entry.budget_minutes == 2 and data_folder(config, entry).name == "data-more"
+    assert kind_recipe(config, entry)["data"]["out_dir"] == str(data_folder(config, entry))
+    assert data_folder(config, config.kind("eagle1")).name == "data"
+    record = {"kind": "eagle1", "features": "online", "steps": 5, "batch_size": 2,
+              "seconds_per_step": 1.0, "train_minutes": 1.0, "held_out": {}}
+    table = _training_table({"training": {
+        "eagle1": {**record, "data": {"folder": "a", "conversations": 1708, "tokens": 514008}},
+        "eagle1-more": {**record, "data": {"folder": "b", "conversations": 11144,
+                                           "tokens": 3100000}}}})
+    assert "conversations | tokens" in table[0] and "| 11,144 | 3,100,000 |" in table[3]
+    assert "conversations" not in _training_table({"training": {"eagle1": record}})[0]
+    assert bench_name({"target": NAME, "out_dir": "runs/bench/x-scaling"}) == "x-scaling"
+    raw["kinds"]["eagle1-more"]["budget_minutes"] = 0
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(DraftsmithError, match=r"budget_minutes = 0(\.0)? must be > 0"):
+        load_bench_config(path)
+
+
 def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path, monkeypatch):
     from draftsmith.bench.report import earlier_benches, write_benchmarks
 
