@@ -293,7 +293,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     limits = _limits(bench, overhead)
     if limits:
         lines += ["### What limits the numbers (from the measurements above)", "", *limits, ""]
-    for name in ("speedup", "acceptance", "training"):
+    for name in ("scaling", "speedup", "acceptance", "training"):
         if (folder / f"{name}.png").is_file():
             lines.append(f"![{name}]({folder}/{name}.png)")
     return [*lines, ""]

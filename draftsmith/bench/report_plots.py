@@ -1,5 +1,5 @@
-"""BENCHMARKS.md's plots per target: speedup per method, acceptance per depth, held-out accuracy
-against training minutes."""
+"""BENCHMARKS.md's plots per benchmark: speedup per method, acceptance per depth, held-out accuracy
+against training minutes, and for a data-scaling run tau and speedup against conversations."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
         ax.set(xlabel="draft depth", ylabel="acceptance given the previous was accepted",
                ylim=(0, 1.02), title=f"Acceptance per depth, temperature {temps[0]}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         paths.append(_save(fig, folder / "acceptance.png"))
     if bench.get("curves"):
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -69,4 +70,49 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         paths.append(_save(fig, folder / "training.png"))
+    scaling = scaling_points(bench)
+    if scaling:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, key, label in ((axes[0], "tau", "tau (greedy, mean over sets)"),
+                               (axes[1], "speedup", "speedup over plain")):
+            for minutes, points in scaling["drafters"].items():
+                xs, ys = zip(*[(p["conversations"], p[key]) for p in points], strict=True)
+                ax.plot(xs, ys, marker="o", label=f"{minutes:g} min of training")
+            for name, values in scaling["baselines"].items():
+                ax.axhline(values[key], linestyle="--", linewidth=0.9, label=name)
+            ax.set(xscale="log", xlabel="distinct conversations trained on", ylabel=label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle("What data buys: one drafter kind, one budget per line")
+        paths.append(_save(fig, folder / "scaling.png"))
     return paths
+
+
+def scaling_points(bench: dict) -> dict | None:
+    """For a benchmark whose drafters trained on data of their own: each `drafter_dynamic@label`
+    method's greedy tau and speedup against its conversations, grouped by training budget, and
+    the methods without a drafter (prompt lookup) and hybrids as reference lines. None when the
+    drafters share their data or there is no greedy evaluation."""
+    training = bench.get("training") or {}
+    folders = {(r.get("data") or {}).get("folder") for r in training.values()}
+    summary = (bench.get("eval") or {}).get("0", {}).get("summary")
+    if len(folders) < 2 or not summary:
+        return None
+    names = method_names(bench)
+    drafters: dict[float, list[dict]] = {}
+    baselines = {}
+    for method in summary["all"]:
+        if method == "plain":
+            continue
+        base, _, label = method.partition("@")
+        values = {"tau": set_mean(summary, method, "tau"),
+                  "speedup": set_mean(summary, method, "speedup")}
+        record = training.get(label)
+        if base == "drafter_dynamic" and record and (record.get("data") or {}).get("conversations"):
+            drafters.setdefault(record["budget_minutes"], []).append(
+                {"conversations": record["data"]["conversations"], **values})
+        elif values["tau"] is not None:
+            baselines[names.get(method, method)] = values
+    for points in drafters.values():
+        points.sort(key=lambda p: p["conversations"])
+    return {"drafters": drafters, "baselines": baselines} if drafters else None

@@ -366,3 +366,29 @@ def test_a_training_log_with_a_torn_last_line_is_read_without_it(tmp_path, capsy
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(DraftsmithError, match=r"metrics.jsonl:2 is not a metrics row"):
         _metrics(tmp_path)
+
+
+def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
+    from draftsmith.bench.report_plots import scaling_points, write_plots
+
+    def row(tau, speedup):
+        return {"tau": tau, "speedup": speedup}
+
+    summary = {s: {"plain": row(1.0, 1.0), "prompt_lookup": row(1.6, 1.4),
+                   "drafter_dynamic@small": row(1.5, 1.1), "drafter_dynamic@all": row(1.9, 1.3),
+                   "drafter_dynamic@long": row(2.1, 1.4)} for s in ("gsm8k", "all")}
+    training = {label: {"kind": "eagle3", "budget_minutes": minutes,
+                        "data": {"folder": label, "conversations": n}}
+                for label, n, minutes in (("small", 1708, 12), ("all", 11144, 12),
+                                          ("long", 11144, 45))}
+    bench = {"config": {"target": NAME, "eval": {"methods": {}}}, "training": training,
+             "eval": {"0": {"summary": summary}}}
+    points = scaling_points(bench)
+    assert points["drafters"][12] == [{"conversations": 1708, "tau": 1.5, "speedup": 1.1},
+                                      {"conversations": 11144, "tau": 1.9, "speedup": 1.3}]
+    assert points["drafters"][45] == [{"conversations": 11144, "tau": 2.1, "speedup": 1.4}]
+    assert points["baselines"] == {"prompt_lookup": {"tau": 1.6, "speedup": 1.4}}
+    assert (tmp_path / "scaling.png") in write_plots(bench, tmp_path)
+    shared = {**bench, "training": {k: {**v, "data": {"folder": "one"}}
+                                    for k, v in training.items()}}
+    assert scaling_points(shared) is None
