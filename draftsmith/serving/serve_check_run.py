@@ -245,11 +245,13 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
     from draftsmith.export.gguf import convert_to_gguf
 
     types = settings.draft_outtypes
+    drafts = {outtype: convert_to_gguf(  # a draft the converter refuses fails before any run
+        export_dir, target_dir, out_dir / ("draft.gguf" if outtype == "f32" else
+                                           f"draft-{outtype}.gguf"), log, outtype)
+        for outtype in types}
     plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
     runs = {}
-    for outtype in types:
-        name = "draft.gguf" if outtype == "f32" else f"draft-{outtype}.gguf"
-        draft_gguf = convert_to_gguf(export_dir, target_dir, out_dir / name, log, outtype)
+    for outtype, draft_gguf in drafts.items():
         draft = DraftOptions(draft_gguf, spec_type=spec_type, draft_max=settings.draft_max)
         tag = spec_type.removeprefix('draft-') + ("" if outtype == "f32" else f"-{outtype}")
         runs[outtype] = run_engine(gguf, ids, settings, out_dir / f"engine_{tag}.log", draft,
