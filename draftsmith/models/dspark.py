@@ -95,12 +95,14 @@ class DSparkDrafter(DFlashDrafter):
         self.markov_head = MarkovHead(vocab, config.markov_rank)
         self.confidence_head = ConfidenceHead(hidden, config.markov_rank)
 
-    def row_logits(self, hidden: torch.Tensor, previous: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def row_logits(self, hidden: torch.Tensor, previous: torch.Tensor,
+                   base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of rows (..., H) given each row's previous token (...,): (logits (..., V) float,
-        confidence logits (...,))."""
+        confidence logits (...,)). `base`: the rows' logits without the Markov bias
+        (`logits(hidden)`) where already computed: decoding computes a block's rows in one
+        product instead of one per row or node."""
         bias, embedded = self.markov_head(previous)
-        logits = self.logits(hidden) + bias.float()
+        logits = (self.logits(hidden) if base is None else base) + bias.float()
         return logits, self.confidence_head(hidden, embedded).float()
 
 

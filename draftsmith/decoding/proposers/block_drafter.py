@@ -130,9 +130,10 @@ class BlockDrafterProposer:
             drafts = torch.cat([sample_token(row, self.generator) for row in probs])
             return self._scored(chain_tree(root, drafts.tolist(), probs), logits, drafts)
         # DSpark: left to right, each row conditioned on the token before it
+        base = self.drafter.logits(hidden)  # every row's head in one product
         previous, drafts, rows, confident, row_logits = anchor, [], [], [], []
         for k in range(hidden.shape[0]):
-            logits, confidence = self.drafter.row_logits(hidden[k], previous)
+            logits, confidence = self.drafter.row_logits(hidden[k], previous, base[k])
             row_logits.append(logits)
             if self.sampling is None:
                 previous = logits.argmax(-1)
@@ -165,16 +166,18 @@ class BlockDrafterProposer:
         """DSpark's tree: EAGLE-2 expansion where a node's children come from the next row's
         logits plus the Markov bias of the node's token (no drafter forward per level)."""
         depth_of = {-1: 0}
+        base = self.drafter.logits(hidden)  # every row's head once; nodes add their Markov bias
 
         def expand(tokens: torch.Tensor, ids: list[int], parents: list[int]) -> torch.Tensor:
             rows = []
             for node, parent in zip(ids, parents, strict=True):
                 depth_of[node] = depth_of[parent] + 1
                 rows.append(depth_of[node])
-            logits, _ = self.drafter.row_logits(hidden[rows], tokens)
+            logits, _ = self.drafter.row_logits(hidden[rows], tokens, base[rows])
             return torch.log_softmax(logits, -1)
 
-        first, _ = self.drafter.row_logits(hidden[0], torch.tensor(root, device=hidden.device))
+        first, _ = self.drafter.row_logits(hidden[0], torch.tensor(root, device=hidden.device),
+                                           base[0])
         return grow_dynamic_tree(root, torch.log_softmax(first, -1), expand, self.tree.dynamic,
                                  hidden.shape[0])
 
