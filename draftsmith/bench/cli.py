@@ -44,7 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = "bash scripts/bench.sh"
     preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
                 "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
-    benches += earlier_benches({Path(config.out_dir).name for config in configs})
+    benches += earlier_benches({config.name or config.target for config in configs})
     others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))
     out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble,
                            Path("benchmarks/machine/verify_cost.json"), others)

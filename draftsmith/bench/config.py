@@ -191,6 +191,7 @@ class BenchConfig:
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
     engine: dict | list = field(default_factory=dict)  # one check or a list (ENGINE_KEYS)
     device: str = "auto"
+    name: str | None = None  # its name in BENCHMARKS.md and under benchmarks/ (default: target)
     path: str = ""
 
     def engine_checks(self) -> list[dict]:

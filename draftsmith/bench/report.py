@@ -337,9 +337,9 @@ KEPT_NOTE = ("*Kept from an earlier run* of the benchmark (its machine, date and
 
 
 def bench_name(config: dict) -> str:
-    """A benchmark's name in BENCHMARKS.md and under benchmarks/: its run folder's name (the
-    target's for the per-target benchmarks; `smollm2-135m-scaling` for the data-scaling one)."""
-    return Path(config.get("out_dir") or config["target"]).name
+    """A benchmark's name in BENCHMARKS.md and under benchmarks/: its config's `name`, else its
+    target's (`smollm2-135m-scaling` names the data-scaling one)."""
+    return config.get("name") or config["target"]
 
 
 def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:

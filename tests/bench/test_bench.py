@@ -314,7 +314,8 @@ def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path)
                                            "tokens": 3100000}}}})
     assert "conversations | tokens" in table[0] and "| 11,144 | 3,100,000 |" in table[3]
     assert "conversations" not in _training_table({"training": {"eagle1": record}})[0]
-    assert bench_name({"target": NAME, "out_dir": "runs/bench/x-scaling"}) == "x-scaling"
+    assert bench_name({"target": NAME, "name": "x-scaling"}) == "x-scaling"
+    assert bench_name({"target": NAME, "name": None}) == NAME
     raw["kinds"]["eagle1-more"]["budget_minutes"] = 0
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(DraftsmithError, match=r"budget_minutes = 0(\.0)? must be > 0"):
