@@ -58,6 +58,11 @@ def worker(args) -> dict:
     batch["loss_mask"][:, : t // 8] = 0  # a prompt
     for i in sorted({*(a + 1 for a in aux), layers}):
         batch[f"hidden_states.{i}"] = torch.randn(1, t, config.hidden_size, dtype=torch.bfloat16)
+    if args.dtype == "auto":  # what `mixed_precision: auto` measures on this machine
+        from draftsmith.precision import choose_dtype
+
+        args.dtype = choose_dtype("auto", "cpu", config.hidden_size,
+                                  getattr(config, "intermediate_size", None)).dtype
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
 
     def step():
@@ -99,9 +104,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=384)
     parser.add_argument("--anchors", type=int, default=64)
     parser.add_argument("--one-chunk", action="store_true", help="every block in one chunk")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="autocast dtype of the step (bfloat16: what `auto` picks on CPUs "
-                        "with native bf16)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="autocast dtype of the step (auto: measured on this machine, as "
+                        "training's `mixed_precision: auto` chooses)")
     parser.add_argument("--repeats", type=int, default=1, help="timed steps after the first")
     parser.add_argument("--target-config",
                         default=str(Path.home() / ".cache/draftsmith/models/smollm2-135m-instruct"))

@@ -51,17 +51,12 @@ def test_budgets_beyond_a_trees_capacity_are_priced_at_its_capacity():
 
 
 def test_a_block_drafter_is_tuned_by_length_at_one_forward_per_step():
-    import torch
 
     from draftsmith.decoding.proposers.base import TreeSettings
     from draftsmith.decoding.proposers.block_drafter import BlockDrafterProposer
-    from draftsmith.registry import get_spec
 
     target = tiny_target("llama")
-    spec = get_spec("dflash")
-    torch.manual_seed(0)
-    module = spec.build(target.config, spec.make_config({"block_size": 5, "num_layers": 1}))
-    module.init_from_target(target)
+    module = tiny_dflash(target, block_size=5)
     made = []
 
     def make(depth, total):
@@ -84,19 +79,14 @@ def test_a_block_drafter_is_tuned_by_length_at_one_forward_per_step():
 
 
 def test_a_hybrid_of_a_block_drafter_scores_its_drafted_chains():
-    import torch
 
     from draftsmith.decoding.proposers.base import TreeSettings
     from draftsmith.decoding.proposers.block_drafter import BlockDrafterProposer
     from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
     from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
-    from draftsmith.registry import get_spec
 
     target = tiny_target("llama")
-    spec = get_spec("dflash")
-    torch.manual_seed(0)
-    module = spec.build(target.config, spec.make_config({"block_size": 4, "num_layers": 1}))
-    module.init_from_target(target)
+    module = tiny_dflash(target, block_size=4)
 
     def make(depth, total):
         block = BlockDrafterProposer(module, TreeSettings("chain", block_length=depth), "chain")
@@ -106,3 +96,17 @@ def test_a_hybrid_of_a_block_drafter_scores_its_drafted_chains():
                            [list(range(5, 25))], depths=(1, 2, 3), max_new_tokens=8,
                            draft_per_step=True, chain=True)
     assert budget.depth in (1, 2, 3) and budget.expected_tau[f"{budget.depth},{budget.depth}"] > 1
+
+
+def tiny_dflash(target, block_size: int):
+    """A random one-layer DFlash drafter for `target`."""
+    import torch
+
+    from draftsmith.registry import get_spec
+
+    spec = get_spec("dflash")
+    torch.manual_seed(0)
+    module = spec.build(target.config, spec.make_config({"block_size": block_size,
+                                                         "num_layers": 1}))
+    module.init_from_target(target)
+    return module
