@@ -194,6 +194,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             proposer="block",
             tree_shapes=("chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
+            uses_draft_vocab=True,
             custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,
             engine_methods={"vllm": "dflash", "sglang": "DFLASH", "llama.cpp": "draft-dflash"},

@@ -1,11 +1,15 @@
 """EAGLE-3 training ablation at equal wall-clock: the benchmark's EAGLE-3 recipe and data trained
 once per arm (baseline, EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`,
-held-out accuracy at draft positions 1-3 and simulated tau written to one JSON file (a benchmark,
-not a test; run it on an otherwise idle machine: the arms share its clock).
+held-out accuracy at draft positions 1-3 and simulated tau, then the best `--eval-best` arms and
+the baseline decoded side by side in one greedy run of the benchmark's evaluation (its prompt sets,
+limit, tokens and dynamic tree): tau and speedup. All written to one JSON file (a benchmark, not a
+test; run it on an otherwise idle machine: the arms share its clock).
 
     .venv/bin/python scripts/bench_ablation.py --minutes 7 \
-        --out benchmarks/ablation/smollm2-135m-eagle3.json [--arms baseline,muon] \
+        --out benchmarks/ablation/smollm2-135m-eagle3.json [--arms baseline,muon] [--eval-best 2] \
         [--data-override data.limit=64 ...] [section.key=value ...]
+
+Layout under `--work`: data/ (shared), train/ARM/ (each arm's run), ARM.yaml, eval/eval.json.
 
 The data is the benchmark's shared preparation (`--bench`'s `data:` recipe into `--work`/data,
 resumed and reused by every arm); `--data-override`s change that data recipe (a smoke run:
@@ -64,12 +68,43 @@ def arm_result(folder: Path, seconds: float) -> dict:
     }
 
 
+def eval_label(arm: str) -> str:
+    """An arm's name as a drafter label in method names (`ce+tv` -> `ce_tv`)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in arm)
+
+
+def evaluate_arms(config, entry, work: Path, arms: list[str]) -> dict:
+    """The arms' drafters in one greedy run of the benchmark's evaluation (dynamic tree, the
+    benchmark's sets, limit and tokens), next to plain decoding; mean tau and speedup over sets."""
+    from draftsmith.bench.run import run_eval_stage
+
+    labels = {eval_label(arm): arm for arm in arms}
+    for label, arm in labels.items():  # run_eval_stage reads OUT/train/LABEL/drafter
+        link = work / "train" / label
+        if label != arm and not link.exists():
+            link.symlink_to(arm)
+    kinds = [replace(entry, label=label) for label in labels]
+    methods = tuple(f"drafter_dynamic@{label}" for label in labels)
+    result = run_eval_stage(replace(config, kinds=kinds), work / "eval", methods, print,
+                       temperature=0.0)
+    sets = result["summary"]
+    means = {}
+    for method, arm in zip(methods, labels.values(), strict=True):
+        rows = [sets[name][method] for name in sets if method in sets[name]]
+        means[arm] = {"eval_tau": round(sum(r["tau"] for r in rows) / len(rows), 3),
+                      "eval_speedup": round(sum(r["speedup"] for r in rows) / len(rows), 3),
+                      "eval_runs": sum(r["runs"] for r in rows)}
+    return means
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench", default="recipes/bench/smollm2-135m.yaml")
     parser.add_argument("--kind", default="eagle3", help="the bench entry trained by every arm")
     parser.add_argument("--minutes", type=float, default=7.0, help="train.max_minutes per arm")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
+    parser.add_argument("--eval-best", type=int, default=2,
+                        help="decode the best N arms (by simulated tau) and the baseline (0: none)")
     parser.add_argument("--work", default="runs/bench_ablation")
     parser.add_argument("--out", default="benchmarks/ablation/smollm2-135m-eagle3.json")
     parser.add_argument("--data-override", action="append", default=[], metavar="KEY=VALUE")
@@ -93,7 +128,7 @@ def main() -> None:
 
     results = {}
     for arm in arms:
-        out_dir = work / arm
+        out_dir = work / "train" / arm
         raw = kind_recipe(config, entry, max_minutes=args.minutes, max_steps=100_000,
                           save_every=0, eval_every=0, output_dir=str(out_dir))
         apply_overrides(raw, [*ARMS[arm], *args.overrides], recipe_schema)
@@ -107,6 +142,10 @@ def main() -> None:
         results[arm] = {"overrides": ARMS[arm], **arm_result(out_dir, time.perf_counter() - start)}
         print(arm, json.dumps(results[arm]), flush=True)
     best = sorted(results, key=lambda a: -results[a]["simulated_tau"])
+    decoded = best[:args.eval_best] + (["baseline"] if "baseline" in results else [])
+    if args.eval_best > 0:
+        for arm, numbers in evaluate_arms(config, entry, work, list(dict.fromkeys(decoded))).items():
+            results[arm].update(numbers)
     payload = {"bench": args.bench, "kind": args.kind, "minutes_per_arm": args.minutes,
                "data_overrides": args.data_override, "overrides": args.overrides,
                "results": results, "by_simulated_tau": best, "commit": git_commit(),

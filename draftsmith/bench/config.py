@@ -37,7 +37,8 @@ class KindEntry:
     budget_minutes: float | None = None
 
 
-PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens")
+PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens",
+             "title")
 PASS_EXAMPLES = ("{methods: [...], batch_sizes: [1, 2, 4, 8]}, {methods: [...], target_quant: "
                  "[none, int8]} or {methods: [...], check_lossless: true, limit: 3, "
                  "max_new_tokens: 32}")
@@ -45,7 +46,9 @@ PASS_EXAMPLES = ("{methods: [...], batch_sizes: [1, 2, 4, 8]}, {methods: [...], 
 
 def check_pass(name: str, spec) -> None:
     """One `eval.passes` entry, every value checked as its evaluation will read it: known keys, a
-    method list, batch sizes >= 1, known quantization schemes, a bool gate, counts >= 1.
+    method list, batch sizes >= 1, known quantization schemes, a bool gate, counts >= 1, a title
+    (a pass with one gets its own method table in BENCHMARKS.md, speedups against its own plain
+    runs).
 
     Raises:
         DraftsmithError: naming `eval.passes.NAME.KEY`, the value, the choices and an example.
@@ -84,6 +87,8 @@ def check_pass(name: str, spec) -> None:
                    f"{', '.join(QUANT_SCHEMES)}")
     if not isinstance(spec.get("check_lossless", False), bool):
         refuse("check_lossless", "must be true or false")
+    if not isinstance(spec.get("title", ""), str):
+        refuse("title", "must be a string: the heading of the pass's own method table")
     for key in ("limit", "max_new_tokens"):
         value = spec.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -49,11 +49,29 @@ def _trees(bench: dict) -> str:
 
 
 def _eval_table(bench: dict, temperature: str) -> list[str]:
-    payload = bench["eval"][temperature]
-    summary = payload["summary"]
+    return method_table(bench, bench["eval"][temperature]["summary"], float(temperature) == 0)
+
+
+def titled_passes(bench: dict) -> list[str]:
+    """Each pass with a `title`: its own method table (its speedups against its own plain runs)."""
+    lines = []
+    specs = bench["config"]["eval"].get("passes") or {}
+    for name, result in (bench.get("passes") or {}).items():
+        title = (specs.get(name) or {}).get("title")
+        if not title or "summary" not in result:
+            continue
+        cfg = result.get("config") or {}
+        lines += [f"### {title} (`{name}` run, greedy, {cfg.get('limit')} prompt(s) per set, "
+                  f"{cfg.get('max_new_tokens')} new tokens per turn; speedups against this run's "
+                  "plain decoding)", "", *method_table(bench, result["summary"], True), "",
+                  *lossless_line(result.get("lossless_check")), ""]
+    return lines
+
+
+def method_table(bench: dict, summary: dict, greedy: bool) -> list[str]:
+    """Every method of one evaluation run: tau, acceptance, speed, draft-time share."""
     sets = [s for s in SETS_ORDER if s in summary] + \
         [s for s in summary if s not in SETS_ORDER and s != "all"]
-    greedy = float(temperature) == 0
     head = ("| method | tau | acc@1 | acc@2 | acc@3 | tokens/s | speedup | "
             + " | ".join(f"speedup {s}" for s in sets)
             + " | draft time |" + (" identical to plain |" if greedy else ""))
@@ -296,6 +314,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     ordering = _ordering(bench)
     if ordering:
         lines += ["### Ordering by tau (greedy)", "", *ordering, ""]
+    lines += titled_passes(bench)
     lines += passes_section(bench, folder)
     lines += engine_section(bench)
     limits = _limits(bench, overhead)

@@ -224,7 +224,7 @@ def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
     """All methods side by side at one temperature (skipped when its eval.json exists)."""
 
     ev = config.eval
-    return _run_eval(config, Path(config.out_dir) / f"eval_t{temperature:g}", tuple(ev.methods),
+    return run_eval_stage(config, Path(config.out_dir) / f"eval_t{temperature:g}", tuple(ev.methods),
                      log, temperature=temperature,
                      check_lossless=ev.check_lossless and temperature == 0)
 
@@ -236,11 +236,11 @@ def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
     extra.update({k: spec[k] for k in ("limit", "max_new_tokens") if k in spec})
     if spec.get("check_lossless"):  # a gate, not a timing: trees as configured, not autotuned
         extra.update(check_lossless=True, autotune_tree=False)
-    return _run_eval(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,
+    return run_eval_stage(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,
                      temperature=0.0, **extra)
 
 
-def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
+def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
               temperature: float, **fields) -> dict:
     """One evaluation run into `out` (skipped when its eval.json exists); `fields` override the
     eval section's settings (limit, max_new_tokens, autotune_tree, ...)."""
@@ -273,7 +273,7 @@ def _run_eval(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
 
 def check_eval_prompts_early(config: BenchConfig) -> None:
     """Before data and training: every evaluation's prompts fit the target's context, rendered
-    with the tokenizer's chat template (`_run_eval` checks again with the drafters' template).
+    with the tokenizer's chat template (`run_eval_stage` checks again with the drafters' template).
 
     Raises:
         DraftsmithError: see `draftsmith.eval.prompts_fit.check_prompts_fit`.

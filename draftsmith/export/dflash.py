@@ -17,6 +17,10 @@ when asked (`ExportOptions.include_frozen`), as z-lab, SpecForge and Model Optim
 `speculative_tokens = block_size - 1`. Same weights (speculators saves neither the embedding nor,
 for a full draft vocabulary, the head).
 
+A drafter trained with a draft vocabulary is written without it (no `d2t` / `t2d`, no reduced
+head): engines draft over the whole vocabulary with the target's head, which proposes the same
+token wherever the drafter's best one lies in its draft vocabulary (the export says so).
+
 `dspark` (deepseek-ai/DeepSpec `save_pretrained`; vLLM `method: dspark`): `architectures:
 ["Qwen3DSparkModel"]` with the Qwen3 body and top-level `block_size, mask_token_id,
 target_layer_ids, num_target_layers, markov_rank, markov_head_type: "vanilla",
@@ -90,6 +94,13 @@ def _drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[st
     """The checkpoint's block-drafter tensors, shape-checked against its recorded config."""
     where = f"{ckpt.folder}"
     tensors = {k: v for k, v in ckpt.tensors.items() if not k.startswith("rotary.")}
+    if "d2t" in tensors:  # a draft vocabulary: the layouts have none (llama.cpp drops it too)
+        print(f"{where}: its draft vocabulary ({tensors['d2t'].numel():,} of "
+              f"{ckpt.target_config.vocab_size:,} tokens) has no place in this layout; engines "
+              "draft over the whole vocabulary with the target's own head (the same proposals "
+              "wherever the drafter's best token lies in its draft vocabulary)")
+        tensors = {k: v for k, v in tensors.items()
+                   if k not in ("d2t", "t2d") and not k.startswith("lm_head.")}
     known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
     unknown = [k for k in tensors if not k.startswith(known)]
     if unknown:
@@ -231,8 +242,9 @@ def _read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config:
     known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
     unknown = [k for k in tensors if not k.startswith(known)]
     if unknown:
-        hint = (" (a reduced draft vocabulary, d2t / t2d, is not supported by draftsmith's block "
-                "drafters)" if {"d2t", "t2d"} & set(unknown) else "")
+        hint = (" (a reduced draft vocabulary, d2t / t2d, has no place in the block layouts: "
+                "engines draft over the target's whole vocabulary; export it without one)"
+                if {"d2t", "t2d"} & set(unknown) else "")
         raise DraftsmithError(f"{where}: tensors draftsmith's {kind} drafter does not have: "
                               f"{unknown[:5]}{hint}")
     if "fc.weight" not in tensors:

@@ -8,6 +8,10 @@ Training draws anchors per sequence, runs every block at once under the block ma
 sees the context before its anchor and its own rows) and learns the target's distribution at every
 row, weighted by position (decay or D-PACE). See ../shared/REFERENCE.md section 7.1; weight names
 are the native checkpoint's (`fc`, `hidden_norm`, `layers.*`, `norm`).
+
+A draft vocabulary (`draft_vocab_size`, speculators' `--draft-vocab-size`) keeps the target's head
+rows of the Vd most frequent trained tokens (`d2t` / `t2d` as EAGLE-3's): every block row's output
+product shrinks by V/Vd, in training and in decoding, and the drafter proposes only those tokens.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class DFlashConfig:
         position_weights: `decay` (exp(-(k-1)/gamma) for proposal k), `dpace` (D-PACE: expected
             continuation of acceptance, detached) or `uniform`.
         decay_gamma: gamma of `decay`; None = `default_gamma(block_size)`.
+        draft_vocab_size: Vd, the tokens the drafter proposes (the data's most frequent trained
+            ones, `data.draft_vocab_size`); None = the target's whole vocabulary.
     """
 
     block_size: int = 16
@@ -99,6 +105,7 @@ class DFlashConfig:
     loss: str = "kl"
     position_weights: str = "decay"
     decay_gamma: float | None = None
+    draft_vocab_size: int | None = None
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -114,6 +121,9 @@ class DFlashConfig:
                              f"{', '.join(POSITION_WEIGHTS)}")
         if self.decay_gamma is not None and self.decay_gamma <= 0:
             raise ValueError(f"decay_gamma={self.decay_gamma} must be > 0")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be >= 1 (leave it "
+                             "unset to draft over the target's whole vocabulary)")
 
 
 def resolve_mask_token(target_config, chosen: int | None) -> int:
@@ -140,9 +150,11 @@ def resolve_mask_token(target_config, chosen: int | None) -> int:
 class DFlashDrafter(nn.Module):
     """DFlash drafter for a given target config.
 
-    Frozen copies of the target: `embed_tokens`, `lm_head`. Trained: `fc`, `hidden_norm`,
-    `layers`, `norm`. `label_shift` is 0: block row k (k >= 1) predicts the token at anchor + k,
-    so a block proposes B-1 tokens (DSpark shifts it by one).
+    Frozen copies of the target: `embed_tokens`, `lm_head` (with a draft vocabulary: the target's
+    head rows of its tokens). Trained: `fc`, `hidden_norm`, `layers`, `norm`. Buffers, with a draft
+    vocabulary only: `d2t` (int64 [Vd], draft id d is target id d + d2t[d]) and `t2d` (bool [V]).
+    `label_shift` is 0: block row k (k >= 1) predicts the token at anchor + k, so a block proposes
+    B-1 tokens (DSpark shifts it by one).
     """
 
     label_shift = 0
@@ -166,8 +178,39 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(BlockDecoderLayer(layer_config)
                                     for _ in range(config.num_layers))
         self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
-        self.lm_head = nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+        vd = min(config.draft_vocab_size or vocab, vocab)
+        self.lm_head = nn.Linear(hidden, vd, bias=False).requires_grad_(False)
         self.rotary = Rotary(layer_config)
+        if vd < vocab:
+            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
+            self.t2d[:vd] = True
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Vd: the tokens the head covers (the target's vocabulary size without a draft vocab)."""
+        return self.lm_head.out_features
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return hasattr(self, "d2t")
+
+    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install a draft vocabulary (see draftsmith.data); sizes must match Vd and V."""
+        if not self.reduced_vocab:
+            raise ValueError("this drafter drafts over the whole vocabulary; set "
+                             "drafter.draft_vocab_size to install a draft vocabulary")
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(f"draft vocab shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} "
+                             f"do not match Vd={self.d2t.shape[0]} / V={self.t2d.shape[0]}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_ids(self) -> torch.Tensor | None:
+        """Target id of each draft id (Vd,), or None without a draft vocabulary."""
+        if not self.reduced_vocab:
+            return None
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     @property
     def proposals(self) -> int:
@@ -177,7 +220,9 @@ class DFlashDrafter(nn.Module):
     def init_from_target(self, target: nn.Module) -> None:
         """Copy the frozen embedding and output head."""
         self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
-        self.lm_head.weight.data.copy_(target.get_output_embeddings().weight.data)
+        head = target.get_output_embeddings().weight.data
+        ids = self.draft_ids()
+        self.lm_head.weight.data.copy_(head if ids is None else head[ids.to(head.device)])
 
     @torch.no_grad()
     def init_from_data(self, features, mean_over_processes=None) -> None:
@@ -248,9 +293,19 @@ class DFlashDrafter(nn.Module):
             h = layer.decode_block(h, cos, sin, kv)
         return self.norm(h[0, 1 - self.label_shift:])
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Proposal logits over the target vocabulary from `draft_block`'s hidden states."""
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Proposal logits over the draft vocabulary (..., Vd) (the target's without one)."""
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Proposal logits over the target vocabulary from `draft_block`'s hidden states (-inf
+        outside a draft vocabulary)."""
+        logits = self.draft_logits(hidden)
+        if not self.reduced_vocab:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.t2d.shape[0]), float("-inf"))
+        full[..., self.draft_ids()] = logits
+        return full
 
     def train_hidden(self, features, anchors: torch.Tensor) -> torch.Tensor:
         """Every block's normed hidden states at training time: anchors (Bt, N) sorted ->
@@ -348,7 +403,9 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
     Proposal k of the block at anchor a is scored against the target's distribution for the
     token at a + 1 + k (`kl`: soft cross-entropy, which differs from KL(p || q) by the target's
     entropy; `ce`: the target's argmax), weighted by `position_weights`, the sum normalised by the
-    sum of weights (Model Optimizer's reduction).
+    sum of weights (Model Optimizer's reduction). With a draft vocabulary the target's distribution
+    is restricted to it (renormalised), as EAGLE-3's; a proposal whose target choice lies outside
+    it is left out of the loss and counts as a miss.
 
     Returns:
         (loss, metrics) with `acc_{k}`: top-1 agreement with the target's choice at proposal k
@@ -364,21 +421,29 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
     rows = hidden[trained]  # (m, H)
     batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
         trained.shape)[trained]
+    draft_ids = drafter.draft_ids()
     with torch.no_grad():
         teacher = features.logits_at(batch_index, positions[trained] - 1).float()
-        choice = teacher.argmax(-1)
-    logp = torch.log_softmax(drafter.logits(rows), dim=-1)
+        choice = teacher.argmax(-1)  # the target's choice, in target ids
+        in_vocab = torch.ones_like(choice, dtype=torch.bool)
+        if draft_ids is not None:  # restricted to the draft vocabulary, choices as draft ids
+            teacher = teacher[:, draft_ids]
+            in_vocab = drafter.t2d[choice]
+            to_draft = torch.zeros_like(drafter.t2d, dtype=torch.long)
+            to_draft[draft_ids] = torch.arange(draft_ids.shape[0], device=draft_ids.device)
+            choice = torch.where(in_vocab, to_draft[choice], 0)
+    logp = torch.log_softmax(drafter.draft_logits(rows), dim=-1)
     if cfg.loss == "kl":
         per_row = -(torch.softmax(teacher, -1) * logp).sum(-1)
     else:
         per_row = -logp.gather(1, choice[:, None])[:, 0]
     label_prob = torch.zeros(trained.shape, device=logp.device)
-    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp()
+    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp() * in_vocab
     weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
-    row_weights = weights[trained]
+    row_weights = weights[trained] * in_vocab
     loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
     hits = torch.zeros(trained.shape, device=logp.device)
-    hits[trained] = (logp.argmax(-1) == choice).float()
+    hits[trained] = ((logp.argmax(-1) == choice) & in_vocab).float()
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     return loss, metrics

@@ -52,6 +52,9 @@ class DSparkConfig(DFlashConfig):
         if self.loss != "kl":
             raise ValueError(f"loss={self.loss!r}: DSpark's loss is its own (CE + L1 + confidence "
                              "BCE); weigh its terms with ce_weight, l1_weight, confidence_weight")
+        if self.draft_vocab_size is not None:
+            raise ValueError("draft_vocab_size: DSpark's Markov head and its CE on the data's "
+                             "tokens cover the whole vocabulary; leave it unset (DFlash takes one)")
         if self.markov_rank < 1:
             raise ValueError(f"markov_rank={self.markov_rank} must be >= 1")
         if not 0 <= self.confidence_threshold < 1:

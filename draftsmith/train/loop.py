@@ -319,12 +319,15 @@ def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule
 
 
 def install_draft_vocab(drafter, vocab, target_vocab_size: int) -> None:
-    """Give an EAGLE-3 drafter the data's draft vocabulary (before its head is initialised).
+    """Give an EAGLE-3 or DFlash drafter the data's draft vocabulary (before its head is
+    initialised); a DFlash drafter without `draft_vocab_size` drafts over every token and ignores it.
 
     Raises:
         DraftsmithError: no vocabulary while the drafter drafts over fewer tokens than the target
             has (its first Vd ids would be arbitrary tokens), or one of another size.
     """
+    if drafter.config.draft_vocab_size is None:
+        return
     if vocab is None:
         if drafter.draft_vocab_size < target_vocab_size:
             raise DraftsmithError(missing_draft_vocab(drafter.draft_vocab_size, target_vocab_size))

@@ -204,8 +204,9 @@ def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
 
 
 def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
-    """Before the data pipeline runs: a drafter with a reduced draft vocabulary (EAGLE-3) needs
-    the data to count one of its size; its first Vd target ids would be arbitrary tokens.
+    """Before the data pipeline runs: a drafter with a reduced draft vocabulary (EAGLE-3, DFlash)
+    needs the data to count one of its size; its first Vd target ids would be arbitrary tokens. A
+    DFlash drafter without `draft_vocab_size` drafts over every token and ignores the data's.
 
     Raises:
         DraftsmithError: the data builds no draft vocabulary, or one of another size.
@@ -215,7 +216,10 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
 
     if not get_spec(recipe.kind).uses_draft_vocab:
         return
-    wanted = min(recipe.drafter_config().draft_vocab_size, vocab_size)
+    chosen = recipe.drafter_config().draft_vocab_size
+    if chosen is None:
+        return
+    wanted = min(chosen, vocab_size)
     tokenized = "tokenized" in recipe.data
     built = None if tokenized else data_recipe(recipe).data.draft_vocab_size
     if built is None and wanted < vocab_size:

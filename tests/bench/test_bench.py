@@ -226,6 +226,24 @@ def test_a_lossless_pass_gets_its_gate_section(tmp_path):
     assert passes_section(bench, tmp_path) == []
 
 
+def test_a_titled_pass_gets_its_own_method_table(tmp_path):
+    from draftsmith.bench.report import titled_passes
+
+    row = {"tau": 1.5, "tokens_per_second": 20.0, "speedup": 1.25, "runs": 10,
+           "acceptance_by_depth": [0.5, 0.3], "time_split": {"draft": 0.1, "verify": 0.9}}
+    plain = {"tau": 1.0, "tokens_per_second": 16.0, "speedup": 1.0, "runs": 10,
+             "acceptance_by_depth": [], "time_split": {"draft": 0.0, "verify": 1.0}}
+    summary = {s: {"plain": plain, "drafter_chain@dflash8k": row} for s in ("mt_bench", "all")}
+    bench = {"config": {"eval": {"methods": {}, "passes": {"v": {"title": "DFlash 8K"},
+                                                          "batch": {}}}},
+             "passes": {"v": {"config": {"limit": 10, "max_new_tokens": 48}, "summary": summary},
+                        "batch": {"config": {}, "summary": summary}}}
+    text = "\n".join(titled_passes(bench))
+    assert text.startswith("### DFlash 8K (`v` run, greedy, 10 prompt(s) per set, 48 new tokens")
+    assert "| drafter_chain@dflash8k | 1.50 | 0.50 | 0.30 |" in text and "**1.25x**" in text
+    assert "batch" not in text  # untitled passes keep their own sections
+
+
 def test_the_quantized_rows_say_how_far_they_followed_the_copys_own_decoding():
     from draftsmith.bench.report_sections import variant_divergence
 
@@ -271,6 +289,7 @@ def test_an_older_int8_record_gets_what_was_measured_not_its_stored_claim():
     {"methods": ["prompt_lookup"], "check_lossless": "yes"},
     {"methods": ["prompt_lookup"], "check_lossless": True, "limit": 0},
     {"methods": ["prompt_lookup"], "max_new_tokens": True},
+    {"methods": ["prompt_lookup"], "title": ["a", "list"]},
 ])
 def test_bad_lossless_passes_are_clear_errors(tmp_path, spec):
     config = write_configs(tmp_path, eval={"methods": {"prompt_lookup": "prompt lookup"},

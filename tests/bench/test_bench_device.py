@@ -49,7 +49,7 @@ def test_every_stage_gets_the_device(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="did not finish"):  # nothing was written
         bench_run.prepare_data(config)
     assert seen["data"] == "cuda:1"
-    bench_run._run_eval(config, tmp_path / "a", ("prompt_lookup",), print, temperature=0.0)
-    bench_run._run_eval(config, tmp_path / "b", ("prompt_lookup",), print, temperature=0.0,
+    bench_run.run_eval_stage(config, tmp_path / "a", ("prompt_lookup",), print, temperature=0.0)
+    bench_run.run_eval_stage(config, tmp_path / "b", ("prompt_lookup",), print, temperature=0.0,
                         target_quant=("none", "int8wo"))
     assert seen["eval"] == ["cuda:1", "cpu"]  # int8 copies are CPU kernels

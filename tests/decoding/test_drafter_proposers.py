@@ -51,6 +51,11 @@ def proposers(target):
     eagle31 = drafter_for("eagle3", target, draft_vocab_size=100, **EAGLE31)
     mtp = drafter_for("mtp", target, num_modules=3)
     dflash = drafter_for("dflash", target, block_size=5, num_layers=2)
+    reduced = drafter_for("dflash", target, block_size=5, num_layers=2, draft_vocab_size=60)
+    kept = torch.randperm(128, generator=torch.Generator().manual_seed(2))[:60].sort().values
+    reduced.set_draft_vocab(kept - torch.arange(60), torch.zeros(128, dtype=torch.bool).index_fill(
+        0, kept, True))
+    reduced.init_from_target(target)  # the head rows of the installed vocabulary
     dspark = drafter_for("dspark", target, block_size=4, num_layers=1, markov_rank=8)
     doubting = drafter_for("dspark", target, block_size=4, num_layers=1, markov_rank=8,
                            confidence_threshold=0.6)
@@ -58,6 +63,8 @@ def proposers(target):
     return {
         "dflash_chain": BlockDrafterProposer(dflash, TreeSettings("chain"), "dflash_chain"),
         "dflash_dynamic": BlockDrafterProposer(dflash, block_tree, "dflash_dynamic"),
+        "dflash_vocab_chain": BlockDrafterProposer(reduced, TreeSettings("chain"), "vocab_chain"),
+        "dflash_vocab_dynamic": BlockDrafterProposer(reduced, block_tree, "vocab_dynamic"),
         "dspark_chain": BlockDrafterProposer(dspark, TreeSettings("chain"), "dspark_chain"),
         "dspark_confidence_cut": BlockDrafterProposer(doubting, TreeSettings("chain"), "cut"),
         "dspark_dynamic": BlockDrafterProposer(dspark, block_tree, "dspark_dynamic"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.errors import DraftsmithError
@@ -138,3 +139,18 @@ def test_serve_check_drafts_a_block_drafters_whole_block(tmp_path):
     _, _, eagle3, _ = export(tmp_path, "eagle3", "eagle3")
     assert draft_length(read_exported(eagle3)[0], ServeCheckSettings()).draft_max == 3
     assert draft_length(read_exported(eagle3)[0], ServeCheckSettings(draft_max=5)).draft_max == 5
+
+
+@pytest.mark.parametrize("fmt", ["dflash", "dflash-speculators"])
+def test_a_draft_vocabulary_is_left_out_of_the_layouts_and_said(tmp_path, capsys, fmt):
+    """The layouts have no draft vocabulary (engines draft over the whole vocabulary with the
+    target's head): the export writes the body alone, says so, and reads back as a full-vocabulary
+    drafter with the same trained weights."""
+    target, module, folder = make_checkpoint(tmp_path, "dflash", settings={
+        "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
+    out = export_drafter(folder, fmt, tmp_path / fmt)
+    assert "draft vocabulary (60 of 128 tokens) has no place in this layout" in capsys.readouterr().out
+    assert shapes(out / "model.safetensors") == BODY
+    loaded = load_exported(out, target)
+    assert loaded.module.draft_vocab_size == V and not loaded.module.reduced_vocab
+    assert torch.equal(loaded.module.fc.weight, module.fc.weight)

@@ -17,7 +17,8 @@ SMALL = {"medusa": {"num_heads": 2}, "mtp": {"num_modules": 2},
                     "markov_rank": 8}}
 # settings that change which parameters train, each a case of the shared training tests
 VARIANTS = {"medusa": {"shared_head": {"shared_head": True}},
-            "eagle3": {"eagle3.1": {"fc_norm": True, "norm_output": True}}}
+            "eagle3": {"eagle3.1": {"fc_norm": True, "norm_output": True}},
+            "dflash": {"draft-vocab": {"draft_vocab_size": 96}}}
 
 
 def small_settings(kind: str) -> dict:
@@ -50,5 +51,8 @@ def training_vocab(kind: str, settings: dict, target, examples: list[dict]):
         return None
     samples = [RenderedSample(e["input_ids"], e["loss_mask"]) for e in examples]
     vocab_size = target.config.vocab_size
-    size = min(spec.make_config(settings).draft_vocab_size, vocab_size)
+    chosen = spec.make_config(settings).draft_vocab_size
+    if chosen is None:  # DFlash without one drafts over every token
+        return None
+    size = min(chosen, vocab_size)
     return build_draft_vocab(token_counts(samples, vocab_size), size)

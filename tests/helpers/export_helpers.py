@@ -35,14 +35,16 @@ KIND_OF_FORMAT = {"eagle3": "eagle3", "speculators": "eagle3", "eagle": "eagle1"
 
 
 def build_drafter(kind: str, target, settings: dict | None = None) -> torch.nn.Module:
-    """A random drafter whose weights are sharpened so its trees vary from step to step; EAGLE-3
-    gets a random (non-identity) draft vocabulary."""
+    """A random drafter whose weights are sharpened so its trees vary from step to step; one with
+    a reduced draft vocabulary (EAGLE-3, DFlash with draft_vocab_size) gets a random
+    (non-identity) one."""
     spec = get_spec(kind)
     torch.manual_seed(1)
     module = spec.build(target.config, spec.make_config(SETTINGS[kind] if settings is None
                                                         else settings))
-    if kind == "eagle3":
-        vocab, draft = target.config.vocab_size, module.draft_vocab_size
+    vocab = target.config.vocab_size
+    if kind in ("eagle3", "dflash") and module.draft_vocab_size < vocab:
+        draft = module.draft_vocab_size
         used = torch.randperm(vocab, generator=torch.Generator().manual_seed(2))[:draft].sort().values
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[used] = True

@@ -170,3 +170,62 @@ def test_init_from_data_rescales_each_layer_and_drops_massive_dimensions(kind):
     again.init_from_data(features, lambda t: seen.append(t.shape) or t)
     assert seen == [(hidden,)] * (2 * k)
     torch.testing.assert_close(again.fc.weight, module.fc.weight)
+
+
+def reduced_dflash(target, kept):
+    """A DFlash drafter whose draft vocabulary is `kept` (sorted target ids)."""
+    module = get_spec("dflash").build(target.config, get_spec("dflash").make_config(
+        {**KINDS["dflash"], "draft_vocab_size": len(kept)}))
+    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool).index_fill(0, kept, True)
+    module.set_draft_vocab(kept - torch.arange(len(kept)), t2d)
+    module.init_from_target(target)
+    return module
+
+
+def test_a_draft_vocabulary_keeps_the_targets_head_rows_and_restricts_the_loss():
+    """With Vd of V tokens the head is the target's rows of those tokens; decoding logits are
+    the target-vocabulary logits with -inf elsewhere; the loss is the soft cross-entropy against
+    the target's distribution renormalised over the draft vocabulary, rows whose target choice
+    lies outside it left out and counted as misses."""
+    target = tiny_target("llama")
+    kept = torch.randperm(128, generator=torch.Generator().manual_seed(4))[:40].sort().values
+    module = reduced_dflash(target, kept)
+    head = target.get_output_embeddings().weight
+    assert torch.equal(module.lm_head.weight, head[kept])
+    hidden = torch.randn(3, target.config.hidden_size)
+    logits = module.logits(hidden)
+    assert logits.shape == (3, 128)
+    assert torch.allclose(logits[:, kept], hidden @ head[kept].T, atol=1e-5)
+    outside = torch.ones(128, dtype=torch.bool).index_fill(0, kept, False)
+    assert torch.isinf(logits[:, outside]).all()
+
+    ids, attention, loss_mask = batch(target)
+    spec = get_spec("dflash")
+    features = target_features(target, ids, attention, loss_mask,
+                               spec.aux_layers(4, module.config))
+    module.eval()  # evaluation draws the same anchors every time
+    loss, metrics = spec.loss(module, features)
+    from draftsmith.models.dflash import block_labels
+
+    generator = torch.Generator().manual_seed(0)
+    anchors, valid = draw_anchors(loss_mask, attention, module.config.anchors_per_sequence,
+                                  generator)
+    positions, trained = block_labels(module, features, anchors, valid)
+    rows = module.train_hidden(features, anchors)[:, :, 1:][trained]
+    batch_index = torch.arange(2)[:, None, None].expand(trained.shape)[trained]
+    teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+    in_vocab = module.t2d[teacher.argmax(-1)]
+    assert 0 < in_vocab.sum() < in_vocab.numel()  # both cases occur
+    logp = torch.log_softmax(rows @ head[kept].T, -1)
+    per_row = -(torch.softmax(teacher[:, kept], -1) * logp).sum(-1)
+    gamma = module.config.decay_gamma or 2.0  # default_gamma(4)
+    weights = torch.exp(-torch.arange(3.0) / gamma).expand(trained.shape)[trained] * in_vocab
+    assert torch.allclose(loss, (per_row * weights).sum() / weights.sum(), atol=1e-5)
+    hits = (kept[logp.argmax(-1)] == teacher.argmax(-1)) & in_vocab
+    proposal = torch.arange(3).expand(trained.shape)[trained]
+    assert torch.isclose(metrics["acc_0"], hits[proposal == 0].float().mean())
+
+
+def test_dspark_refuses_a_draft_vocabulary():
+    with pytest.raises(DraftsmithError, match=r"DSpark.s Markov head"):
+        get_spec("dspark").make_config({"draft_vocab_size": 64})
