@@ -423,11 +423,14 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
         trained.shape)[trained]
     draft_ids = drafter.draft_ids()
     with torch.no_grad():
-        teacher = features.logits_at(batch_index, positions[trained] - 1).float()
-        choice = teacher.argmax(-1)  # the target's choice, in target ids
-        in_vocab = torch.ones_like(choice, dtype=torch.bool)
-        if draft_ids is not None:  # restricted to the draft vocabulary, choices as draft ids
-            teacher = teacher[:, draft_ids]
+        if draft_ids is None:
+            teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+            choice = teacher.argmax(-1)  # the target's choice
+            in_vocab = torch.ones_like(choice, dtype=torch.bool)
+        else:  # restricted to the draft vocabulary (Vd head rows), choices as draft ids
+            teacher, choice = features.restricted_at(draft_ids, batch_index,
+                                                     positions[trained] - 1)
+            teacher = teacher.float()
             in_vocab = drafter.t2d[choice]
             to_draft = torch.zeros_like(drafter.t2d, dtype=torch.long)
             to_draft[draft_ids] = torch.arange(draft_ids.shape[0], device=draft_ids.device)

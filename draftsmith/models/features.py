@@ -186,9 +186,37 @@ class Features:
         """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
         and their full-vocabulary argmax, sliced and reduced once for the whole batch (EAGLE-3's
         draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step).
-        With the cache's `target_argmax` and a plain linear head, only the `columns` rows of the
-        head are applied: an (m, Vd) product instead of (m, V), the same logits up to float
-        rounding, and the argmax the target made on its unrounded hidden state."""
+        See `_restricted_rows` for what is computed."""
+        sliced, choice = self._restricted_rows(columns)
+
+        def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+            index = self._rows_after(valid, shift)
+            return sliced[index], choice[index]
+
+        return after
+
+    def restricted_at(self, columns: torch.Tensor, batch_index: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logits_at` over `columns` only, with the full-vocabulary argmax: ((m, len(columns)),
+        (m,)) (DFlash's draft vocabulary; see `_restricted_rows`).
+
+        Raises:
+            ValueError: a requested position's next token is not trained (a loss bug).
+        """
+        _, row_of = self._needed
+        index = row_of[batch_index, positions]
+        if bool((index < 0).any()):
+            raise ValueError("target logits requested at a position whose next token is not "
+                             "trained")
+        sliced, choice = self._restricted_rows(columns)
+        return sliced[index], choice[index]
+
+    def _restricted_rows(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every trained row's logits over `columns` and full-vocabulary argmax (callers compute
+        it once per batch). With the cache's `target_argmax` and a plain linear head, only the
+        `columns` rows of the head are applied: an (m, Vd) product instead of (m, V), the same
+        logits up to float rounding, and the argmax the target made on its unrounded hidden
+        state."""
         head = self.head
         plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
@@ -200,12 +228,7 @@ class Features:
             else:
                 _, rows = self._trained_rows
                 sliced, choice = rows[:, columns], rows.argmax(-1)
-
-        def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
-            index = self._rows_after(valid, shift)
-            return sliced[index], choice[index]
-
-        return after
+        return sliced, choice
 
 
 @torch.no_grad()
