@@ -202,9 +202,16 @@ def failures(summary: dict, settings: ServeCheckSettings) -> list[str]:
     engine = summary["engine_stats"]
     rate = engine["acceptance"]
     if rate < settings.min_acceptance:
-        problems.append(
-            f"the engine accepted {engine['accepted_tokens']} of {engine['draft_tokens']} draft tokens ({rate:.1%} < --min-acceptance "
-            f"{settings.min_acceptance:.0%}): the export and the engine disagree. Usual causes: "
-            "aux layer ids missing or shifted, wrong norms, skipped keys, a draft vocabulary "
-            "mapping (d2t) lost; an untrained drafter also accepts nothing")
+        said = (f"the engine accepted {engine['accepted_tokens']} of {engine['draft_tokens']} "
+                f"draft tokens ({rate:.1%} < --min-acceptance {settings.min_acceptance:.0%})")
+        loop = (summary.get("draftsmith") or {}).get("acceptance")
+        if loop is not None and loop > 0 and rate >= 0.5 * loop:
+            problems.append(f"{said}, and draftsmith's own loop accepted {loop:.1%} on the same "
+                            "prompts: the export and the engine agree, the drafter itself "
+                            "drafts too poorly to pay (train it longer or on more data)")
+        else:
+            problems.append(
+                f"{said}: the export and the engine disagree. Usual causes: aux layer ids "
+                "missing or shifted, wrong norms, skipped keys, a draft vocabulary mapping (d2t) "
+                "lost; an untrained drafter also accepts nothing")
     return problems
