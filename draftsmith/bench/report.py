@@ -64,7 +64,8 @@ def titled_passes(bench: dict) -> list[str]:
         lines += [f"### {title} (`{name}` run, greedy, {cfg.get('limit')} prompt(s) per set, "
                   f"{cfg.get('max_new_tokens')} new tokens per turn; speedups against this run's "
                   "plain decoding)", "", *method_table(bench, result["summary"], True), "",
-                  *lossless_line(result.get("lossless_check")), ""]
+                  *([*lossless_line(result.get("lossless_check")), ""]
+                    if cfg.get("check_lossless") else [])]
     return lines
 
 
@@ -103,8 +104,10 @@ def shared_head(record: dict) -> bool:
 
 
 def _own_data(records: dict) -> bool:
-    """Some drafters trained on data of their own (a data-scaling run)."""
-    return len({(r.get("data") or {}).get("folder") for r in records.values()}) > 1
+    """Some drafters trained on data of their own (a data-scaling run); a record written before
+    records named their data counts as the shared data's."""
+    return len({r["data"]["folder"] for r in records.values()
+                if (r.get("data") or {}).get("folder")}) > 1
 
 
 def _training_table(bench: dict) -> list[str]:

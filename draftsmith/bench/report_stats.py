@@ -5,6 +5,7 @@ time per decode round, display names."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
 
@@ -34,5 +35,31 @@ def step_ms(row: dict) -> float:
 
 
 def method_names(bench: dict) -> dict:
-    """Each method's display name (the config's, plain decoding's own)."""
-    return {"plain": "plain decoding", **bench["config"]["eval"]["methods"]}
+    """Each method's display name: the config's, plain decoding's own, and for a pass's method
+    the config has no name for, the name of the same method with another drafter of that kind
+    plus this drafter's label (`DFlash (block chain) [dflash8k]`)."""
+    cfg = bench["config"]
+    names = {"plain": "plain decoding", **cfg["eval"]["methods"]}
+    kinds = {k["label"]: (k.get("drafter") or {}).get("kind") or _recipe_kind(k.get("recipe"))
+             for k in cfg.get("kinds") or []}
+    for spec in (cfg["eval"].get("passes") or {}).values():
+        for method in spec.get("methods") or []:
+            base, _, label = method.partition("@")
+            if method in names or not label:
+                continue
+            for named, name in list(names.items()):
+                other_base, _, other = named.partition("@")
+                if other_base == base and other and kinds.get(other) == kinds.get(label):
+                    names[method] = f"{name} [{label}]"
+                    break
+    return names
+
+
+def _recipe_kind(recipe: str | None) -> str | None:
+    """The drafter kind a recipe file names (None when it cannot be read)."""
+    import yaml
+
+    try:
+        return (yaml.safe_load(Path(recipe).read_text()).get("drafter") or {}).get("kind")
+    except (OSError, TypeError, AttributeError, yaml.YAMLError):
+        return None

@@ -244,6 +244,27 @@ def test_a_titled_pass_gets_its_own_method_table(tmp_path):
     assert "batch" not in text  # untitled passes keep their own sections
 
 
+def test_a_pass_method_without_a_name_borrows_its_kind_s_with_its_label(tmp_path):
+    from draftsmith.bench.report import _own_data
+    from draftsmith.bench.report_stats import method_names
+
+    recipe = tmp_path / "dflash.yaml"
+    recipe.write_text("drafter: {kind: dflash}\n")
+    config = {"kinds": [{"label": "dflash", "recipe": str(recipe)},
+                        {"label": "dflash8k", "recipe": str(recipe)},
+                        {"label": "eagle3", "recipe": str(tmp_path / "gone.yaml")}],
+              "eval": {"methods": {"drafter_chain@dflash": "DFlash (block chain)"},
+                       "passes": {"v": {"methods": ["drafter_chain@dflash8k",
+                                                    "drafter_chain@eagle3", "prompt_lookup"]}}}}
+    names = method_names({"config": config})
+    assert names["drafter_chain@dflash8k"] == "DFlash (block chain) [dflash8k]"
+    assert "drafter_chain@eagle3" not in names and "prompt_lookup" not in names  # raw ids stay
+    # records written before records named their data count as the shared data's
+    shared = {"a": {}, "b": {"data": {"folder": "runs/x/data"}}}
+    assert not _own_data(shared)
+    assert _own_data({**shared, "c": {"data": {"folder": "runs/x/data-5k"}}})
+
+
 def test_the_quantized_rows_say_how_far_they_followed_the_copys_own_decoding():
     from draftsmith.bench.report_sections import variant_divergence
 
