@@ -173,12 +173,16 @@ class Features:
         Raises:
             ValueError: a requested position's next token is not trained (a loss bug).
         """
+        return self._trained_rows[1][self._rows_at(batch_index, positions)]
+
+    def _rows_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Trained-row index of each (batch_index[i], positions[i]); ValueError if untrained."""
         _, row_of = self._needed
         index = row_of[batch_index, positions]
         if bool((index < 0).any()):
             raise ValueError("target logits requested at a position whose next token is not "
                              "trained")
-        return self._trained_rows[1][index]
+        return index
 
     __call__ = logits_after  # the features are themselves a TargetLogits (with `.restricted`)
 
@@ -203,11 +207,7 @@ class Features:
         Raises:
             ValueError: a requested position's next token is not trained (a loss bug).
         """
-        _, row_of = self._needed
-        index = row_of[batch_index, positions]
-        if bool((index < 0).any()):
-            raise ValueError("target logits requested at a position whose next token is not "
-                             "trained")
+        index = self._rows_at(batch_index, positions)
         sliced, choice = self._restricted_rows(columns)
         return sliced[index], choice[index]
 
