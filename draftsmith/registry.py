@@ -20,8 +20,9 @@ from torch import nn
 
 from draftsmith.config_values import build_dataclass
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.block_loss import dflash_loss
 from draftsmith.models.contracts import DrafterModule
-from draftsmith.models.dflash import DFlashConfig, DFlashDrafter, dflash_layer_ids, dflash_loss
+from draftsmith.models.dflash import DFlashConfig, DFlashDrafter, dflash_layer_ids
 from draftsmith.models.dspark import DSparkConfig, DSparkDrafter, dspark_loss
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss

@@ -19,13 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.dflash import (
-    DFlashConfig,
-    DFlashDrafter,
-    block_labels,
-    draw_anchors,
-    position_weights,
-)
+from draftsmith.models.block_loss import block_labels, draw_anchors, position_weights
+from draftsmith.models.dflash import DFlashConfig, DFlashDrafter
 
 
 @dataclass

@@ -11,13 +11,8 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models import block_layers
-from draftsmith.models.dflash import (
-    DFlashConfig,
-    dflash_layer_ids,
-    draw_anchors,
-    position_weights,
-    resolve_mask_token,
-)
+from draftsmith.models.block_loss import draw_anchors, position_weights
+from draftsmith.models.dflash import DFlashConfig, dflash_layer_ids, resolve_mask_token
 from draftsmith.models.features import target_features
 from draftsmith.registry import get_spec
 from tests.helpers.tiny_targets import tiny_config, tiny_target
@@ -205,7 +200,7 @@ def test_a_draft_vocabulary_keeps_the_targets_head_rows_and_restricts_the_loss()
                                spec.aux_layers(4, module.config))
     module.eval()  # evaluation draws the same anchors every time
     loss, metrics = spec.loss(module, features)
-    from draftsmith.models.dflash import block_labels
+    from draftsmith.models.block_loss import block_labels
 
     generator = torch.Generator().manual_seed(0)
     anchors, valid = draw_anchors(loss_mask, attention, module.config.anchors_per_sequence,

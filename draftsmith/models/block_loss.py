@@ -1,0 +1,137 @@
+"""DFlash's training objective (and the anchors and labels DSpark shares): anchors drawn per
+sequence, each proposal's label position, position weights (decay or D-PACE), and the loss against
+the target's distribution (restricted to a draft vocabulary where the drafter has one). See
+../shared/REFERENCE.md section 7.1.3."""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.models.dflash import DFlashDrafter, default_gamma
+
+
+def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `count` anchors per sequence, uniformly without replacement among positions i whose
+    token and next token are both trained (`loss_mask[i] & loss_mask[i+1]`, as SpecForge and
+    DeepSpec), sorted.
+
+    Returns:
+        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row);
+        a row with fewer valid positions repeats its last anchor, marked invalid.
+    """
+    trained = (loss_mask > 0) & (attention_mask > 0)
+    valid = trained.clone()
+    valid[:, :-1] &= trained[:, 1:]
+    valid[:, -1] = False
+    n = max(1, min(count, int(valid.sum(1).max())))
+    noise = torch.rand(valid.shape, device=valid.device, generator=generator)
+    noise = noise.masked_fill(~valid, 2.0)  # invalid positions sort last
+    picked = noise.topk(n, dim=1, largest=False).indices
+    ok = valid.gather(1, picked)
+    position = torch.where(ok, picked, torch.full_like(picked, -1))
+    order = torch.sort(torch.where(ok, position, position.new_full((), 1 << 40)), dim=1)
+    anchors, ok = order.values, ok.gather(1, order.indices)
+    fallback = torch.where(ok, anchors, anchors.new_zeros(())).amax(1, keepdim=True)
+    return torch.where(ok, anchors, fallback), ok
+
+
+def block_labels(drafter: DFlashDrafter, features, anchors: torch.Tensor, valid: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The label position of each proposal and which proposals are trained.
+
+    Proposal k (0-based) of a block at anchor a predicts the token at a + 1 + k; it is trained
+    when the anchor is valid, that position is inside the sequence and every label position of the
+    block up to it is in the loss mask (a contiguous prefix, as acceptance is).
+
+    Returns:
+        (positions (Bt, N, P) long, trained (Bt, N, P) bool) with P = proposals per block.
+    """
+    s = features.input_ids.shape[1]
+    offsets = torch.arange(1, drafter.proposals + 1, device=anchors.device)
+    positions = anchors[..., None] + offsets  # (Bt, N, P)
+    inside = positions < s
+    masked = features.loss_mask.gather(1, positions.clamp(max=s - 1).flatten(1)).view(
+        positions.shape) > 0
+    trained = (inside & masked).long().cumprod(-1).bool() & valid[..., None]
+    return positions, trained
+
+
+def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor
+                     ) -> torch.Tensor:
+    """Per-proposal loss weights (Bt, N, P), zero where untrained.
+
+    `decay`: exp(-k/gamma) for proposal k (0-based): exp(-(r-1)/gamma) over DFlash's block rows
+    r = 1..B-1 and exp(-r/gamma) over DSpark's r = 0..B-1, as their references weigh them. `dpace`: D-PACE with alpha 0.5:
+    q~_k = 0.5 * q_k + 0.5 with q_k the draft's probability of the label, C_j = prod_{k<=j} q~_k,
+    w_j = sum_{m>=j} C_m (detached). `uniform`: 1.
+    """
+    p = trained.shape[-1]
+    if kinds == "uniform":
+        weights = torch.ones_like(label_prob)
+    elif kinds == "decay":
+        gamma = config.decay_gamma or default_gamma(config.block_size)
+        k = torch.arange(p, device=trained.device, dtype=torch.float32)
+        weights = torch.exp(-k / gamma).expand(trained.shape)
+    else:
+        smoothed = torch.where(trained, 0.5 * label_prob.detach() + 0.5,
+                               torch.ones_like(label_prob))
+        continuation = torch.cumprod(smoothed, dim=-1) * trained
+        weights = continuation.flip(-1).cumsum(-1).flip(-1)
+    return weights * trained
+
+
+def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Block-drafting loss: every trained proposal of every drawn block against the target.
+
+    Proposal k of the block at anchor a is scored against the target's distribution for the
+    token at a + 1 + k (`kl`: soft cross-entropy, which differs from KL(p || q) by the target's
+    entropy; `ce`: the target's argmax), weighted by `position_weights`, the sum normalised by the
+    sum of weights (Model Optimizer's reduction). With a draft vocabulary the target's distribution
+    is restricted to it (renormalised), as EAGLE-3's; a proposal whose target choice lies outside
+    it is left out of the loss and counts as a miss.
+
+    Returns:
+        (loss, metrics) with `acc_{k}`: top-1 agreement with the target's choice at proposal k
+        over the blocks where k is trained.
+    """
+    cfg = drafter.config
+    generator = None if drafter.training else torch.Generator(
+        features.input_ids.device).manual_seed(0)  # evaluation draws the same blocks every time
+    anchors, valid = draw_anchors(features.loss_mask, features.attention_mask,
+                                  cfg.anchors_per_sequence, generator)
+    positions, trained = block_labels(drafter, features, anchors, valid)
+    hidden = drafter.train_hidden(features, anchors)[:, :, 1 - drafter.label_shift:]
+    rows = hidden[trained]  # (m, H)
+    batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
+        trained.shape)[trained]
+    draft_ids = drafter.draft_ids()
+    with torch.no_grad():
+        if draft_ids is None:
+            teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+            choice = teacher.argmax(-1)  # the target's choice
+            in_vocab = torch.ones_like(choice, dtype=torch.bool)
+        else:  # restricted to the draft vocabulary (Vd head rows), choices as draft ids
+            teacher, choice = features.restricted_at(draft_ids, batch_index,
+                                                     positions[trained] - 1)
+            teacher = teacher.float()
+            in_vocab = drafter.t2d[choice]
+            to_draft = torch.zeros_like(drafter.t2d, dtype=torch.long)
+            to_draft[draft_ids] = torch.arange(draft_ids.shape[0], device=draft_ids.device)
+            choice = torch.where(in_vocab, to_draft[choice], 0)
+    logp = torch.log_softmax(drafter.draft_logits(rows), dim=-1)
+    if cfg.loss == "kl":
+        per_row = -(torch.softmax(teacher, -1) * logp).sum(-1)
+    else:
+        per_row = -logp.gather(1, choice[:, None])[:, 0]
+    label_prob = torch.zeros(trained.shape, device=logp.device)
+    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp() * in_vocab
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
+    row_weights = weights[trained] * in_vocab
+    loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
+    hits = torch.zeros(trained.shape, device=logp.device)
+    hits[trained] = ((logp.argmax(-1) == choice) & in_vocab).float()
+    counts = trained.sum((0, 1)).clamp_min(1)
+    metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
+    return loss, metrics
+
