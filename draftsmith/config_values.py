@@ -245,8 +245,9 @@ def add_prompt_arguments(parser, limit: int) -> None:
     """`--bench`, `--prompts`, `--limit` and `--max-new-tokens`, as `eval` and `serve-check` take
     them (see `data.prompts.chosen_sets` / `gather_prompts`)."""
     parser.add_argument("--bench", default=None,
-                        help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k "
-                        "(default: all three, or none when --prompts is given)")
+                        help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k, "
+                        "sharegpt_long (long documents to summarise or answer from, 800-1,600 "
+                        "tokens) (default: the first three, or none when --prompts is given)")
     parser.add_argument("--prompts", action="append", metavar="FILE",
                         help="a prompt file (repeatable): Spec-Bench / MT-bench question.jsonl "
                         "(`turns`, optional `category`), OpenAI `messages` JSONL, or text with "

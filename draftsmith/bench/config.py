@@ -38,21 +38,22 @@ class KindEntry:
 
 
 PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens",
-             "title")
+             "title", "bench")
 PASS_EXAMPLES = ("{methods: [...], batch_sizes: [1, 2, 4, 8]}, {methods: [...], target_quant: "
-                 "[none, int8]} or {methods: [...], check_lossless: true, limit: 3, "
-                 "max_new_tokens: 32}")
+                 "[none, int8]}, {methods: [...], check_lossless: true, limit: 3, "
+                 "max_new_tokens: 32} or {methods: [...], bench: [sharegpt_long], title: ...}")
 
 
 def check_pass(name: str, spec) -> None:
     """One `eval.passes` entry, every value checked as its evaluation will read it: known keys, a
     method list, batch sizes >= 1, known quantization schemes, a bool gate, counts >= 1, a title
     (a pass with one gets its own method table in BENCHMARKS.md, speedups against its own plain
-    runs).
+    runs), known prompt sets (`bench`, instead of the evaluation's).
 
     Raises:
         DraftsmithError: naming `eval.passes.NAME.KEY`, the value, the choices and an example.
     """
+    from draftsmith.data.prompts import PROMPT_SETS
     from draftsmith.quantize import QUANT_SCHEMES
 
     where = f"eval.passes.{name}"
@@ -87,6 +88,9 @@ def check_pass(name: str, spec) -> None:
                    f"{', '.join(QUANT_SCHEMES)}")
     if not isinstance(spec.get("check_lossless", False), bool):
         refuse("check_lossless", "must be true or false")
+    sets = spec.get("bench", list(PROMPT_SETS[:1]))
+    if not isinstance(sets, list) or not sets or any(s not in PROMPT_SETS for s in sets):
+        refuse("bench", f"list one or more prompt sets of: {', '.join(PROMPT_SETS)}")
     if not isinstance(spec.get("title", ""), str):
         refuse("title", "must be a string: the heading of the pass's own method table")
     for key in ("limit", "max_new_tokens"):
@@ -119,7 +123,7 @@ class EvalSection:
 
     def __post_init__(self):
         """Checked when the file is read, not hours later when the evaluation starts."""
-        from draftsmith.data.prompts import SOURCES
+        from draftsmith.data.prompts import PROMPT_SETS
 
         if not isinstance(self.passes, dict):
             raise DraftsmithError(f"eval.passes = {self.passes!r}: map a pass name to "
@@ -127,11 +131,11 @@ class EvalSection:
         for name, spec in self.passes.items():
             check_pass(name, spec)
 
-        unknown = [name for name in self.bench if name not in SOURCES] if isinstance(
+        unknown = [name for name in self.bench if name not in PROMPT_SETS] if isinstance(
             self.bench, list) else [self.bench]
         if unknown or not self.bench:
             raise DraftsmithError(f"eval.bench = {self.bench!r}: list one or more of: "
-                                  f"{', '.join(SOURCES)}")
+                                  f"{', '.join(PROMPT_SETS)}")
         for name in ("limit", "max_new_tokens", "num_draft_tokens", "lookup_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or value < 1:

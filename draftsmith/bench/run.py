@@ -230,9 +230,10 @@ def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
 
 
 def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
-    """One of `eval.passes` (greedy), e.g. the batch-size curve or the quantized target."""
+    """One of `eval.passes` (greedy), e.g. the batch-size curve, the quantized target or other
+    prompt sets (`bench`: the long documents of `sharegpt_long`)."""
     spec = config.eval.passes[name]
-    extra = {k: tuple(spec[k]) for k in ("batch_sizes", "target_quant") if k in spec}
+    extra = {k: tuple(spec[k]) for k in ("batch_sizes", "target_quant", "bench") if k in spec}
     extra.update({k: spec[k] for k in ("limit", "max_new_tokens") if k in spec})
     if spec.get("check_lossless"):  # a gate, not a timing: trees as configured, not autotuned
         extra.update(check_lossless=True, autotune_tree=False)
@@ -257,7 +258,7 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
     datastore = Path(config.out_dir) / "data" / "datastore"
     target = config.target_spec()
     settings = {"limit": ev.limit, "max_new_tokens": ev.max_new_tokens,
-                "autotune_tree": ev.autotune_tree, **fields}
+                "autotune_tree": ev.autotune_tree, "bench": tuple(ev.bench), **fields}
     # int8 target variants are CPU kernels: a pass that compares them runs on the CPU
     quantized = len(settings.get("target_quant", ("none",))) > 1
     settings["device"] = "cpu" if quantized else config.compute_device()
@@ -267,7 +268,7 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
         datastore=str(datastore) if ev.datastore else None,
         target=target.name, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=target.dtype,
-        bench=tuple(ev.bench), methods=("plain", *methods), out_dir=str(out), **settings)
+        methods=("plain", *methods), out_dir=str(out), **settings)
     return run_eval(eval_config, log=log)
 
 
@@ -289,14 +290,14 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     context = target_context_length(target.name, target.trust_remote_code)
     if not context:
         return
-    runs = [("eval", ev.limit, ev.max_new_tokens)] + [
-        (f"eval.passes.{name}", spec.get("limit", ev.limit),
+    runs = [("eval", tuple(ev.bench), ev.limit, ev.max_new_tokens)] + [
+        (f"eval.passes.{name}", tuple(spec.get("bench", ev.bench)), spec.get("limit", ev.limit),
          spec.get("max_new_tokens", ev.max_new_tokens)) for name, spec in ev.passes.items()]
     settings = ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens,
                                 tree=DynamicTreeConfig(**ev.tree))
     tokenizer = load_tokenizer(target.name, trust_remote_code=target.trust_remote_code)
-    for where, limit, max_new_tokens in runs:
-        check_prompts_fit(tokenizer, gather_prompts(tuple(ev.bench), (), limit), context,
+    for where, sets, limit, max_new_tokens in runs:
+        check_prompts_fit(tokenizer, gather_prompts(sets, (), limit), context,
                           max_new_tokens, draft_margin(settings, ev.autotune_tree),
                           setting=f"{where}.max_new_tokens")
 

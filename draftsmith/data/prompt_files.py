@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from draftsmith.data.prompts import SOURCES, BenchPrompt, load_prompts
+from draftsmith.data.prompts import PROMPT_SETS, BenchPrompt, load_prompts
 from draftsmith.errors import DraftsmithError
 
 
@@ -90,9 +90,9 @@ def gather_prompts(sets, files, limit: int | None) -> list[BenchPrompt]:
     Raises:
         DraftsmithError: an unknown set name (listing the sets), or a bad prompt file.
     """
-    unknown = [name for name in sets if name not in SOURCES]
+    unknown = [name for name in sets if name not in PROMPT_SETS]
     if unknown:
         raise DraftsmithError(f"unknown prompt set(s) {unknown}; choose from: "
-                              f"{', '.join(SOURCES)}")
+                              f"{', '.join(PROMPT_SETS)}")
     return [*(p for name in sets for p in load_prompts(name, limit)),
             *(p for path in files for p in load_prompt_file(path, limit))]

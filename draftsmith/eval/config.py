@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.data.prompts import SOURCES as PROMPT_SETS
+from draftsmith.data.prompts import PROMPT_SETS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import ProposerSettings, check_hybrid_settings, check_methods

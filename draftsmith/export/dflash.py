@@ -1,4 +1,5 @@
-"""DFlash and DSpark block drafters in the three layouts serving engines load.
+"""DFlash block drafters in the two layouts serving engines load, and the block-layout helpers
+DSpark's layout (`draftsmith.export.dspark`) shares.
 
 `dflash` (native "z-lab" layout; vLLM `method: dflash`, SGLang `DFLASH`, llama.cpp's converter):
 `config.json` of a Qwen3 body (`architectures: ["DFlashDraftModel"]`, `model_type: "qwen3"`, the
@@ -20,13 +21,6 @@ for a full draft vocabulary, the head).
 A drafter trained with a draft vocabulary is written without it (no `d2t` / `t2d`, no reduced
 head): engines draft over the whole vocabulary with the target's head, which proposes the same
 token wherever the drafter's best one lies in its draft vocabulary (the export says so).
-
-`dspark` (deepseek-ai/DeepSpec `save_pretrained`; vLLM `method: dspark`): `architectures:
-["Qwen3DSparkModel"]` with the Qwen3 body and top-level `block_size, mask_token_id,
-target_layer_ids, num_target_layers, markov_rank, markov_head_type: "vanilla",
-enable_confidence_head, confidence_head_with_markov, sample_from_anchor: true` (row k predicts
-anchor + k + 1: B proposals a block); weights as DFlash's plus `markov_head.markov_w{1,2}.weight`,
-`confidence_head.proj.{weight,bias}`, and (DeepSpec ships them) `embed_tokens` / `lm_head`.
 
 See ../shared/REFERENCE.md sections 7.1.4 and 7.2.
 """
@@ -59,7 +53,6 @@ from draftsmith.models.dflash import check_block_layer_ids, dflash_layer_ids, re
 WEIGHTS_FILE = "model.safetensors"
 BODY_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.")
 FROZEN_PREFIXES = ("embed_tokens.", "lm_head.")
-DSPARK_PREFIXES = ("markov_head.", "confidence_head.")
 LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
@@ -89,7 +82,7 @@ def qwen3_body(ckpt: DraftsmithCheckpoint, num_layers: int, dtype: str) -> dict:
             "sliding_window": None, "max_window_layers": num_layers}
 
 
-def _drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[str, ...],
+def drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[str, ...],
                      frozen: bool, dtype: str | None) -> dict[str, torch.Tensor]:
     """The checkpoint's block-drafter tensors, shape-checked against its recorded config."""
     where = f"{ckpt.folder}"
@@ -126,7 +119,7 @@ def layer_count(tensors: dict) -> int:
 def write_dflash(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
     """Write the native z-lab layout; returns the config written to config.json."""
     settings = block_settings(ckpt)
-    tensors = _drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
+    tensors = drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
                                opts.dtype)
     dtype = float_dtype_name(tensors)
     config = {
@@ -146,7 +139,7 @@ def write_dflash(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
 def write_dflash_speculators(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
     """Write the speculators layout; returns the config written to config.json."""
     settings = block_settings(ckpt)
-    tensors = _drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
+    tensors = drafter_tensors(ckpt, settings, (), opts.include_frozen and not opts.skip_frozen,
                                opts.dtype)
     target = ckpt.target_config
     dtype = float_dtype_name(tensors)
@@ -178,32 +171,6 @@ def write_dflash_speculators(ckpt: DraftsmithCheckpoint, out, opts: ExportOption
     return config
 
 
-def write_dspark(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
-    """Write DeepSpec's DSpark layout; returns the config written to config.json."""
-    settings = block_settings(ckpt)
-    tensors = _drafter_tensors(ckpt, settings, DSPARK_PREFIXES, not opts.skip_frozen, opts.dtype)
-    rank = (ckpt.meta.get("drafter_config") or {}).get("markov_rank")
-    vocab = ckpt.target_config.vocab_size
-    require_shape(tensors, "markov_head.markov_w1.weight", (vocab, rank), f"{ckpt.folder}")
-    config = {
-        "architectures": ["Qwen3DSparkModel"],
-        **qwen3_body(ckpt, settings["num_layers"], float_dtype_name(tensors)),
-        "block_size": settings["block_size"],
-        "mask_token_id": settings["mask_token_id"],
-        "target_layer_ids": settings["target_layer_ids"],
-        "num_target_layers": ckpt.target_config.num_hidden_layers,
-        "target_hidden_size": ckpt.layer_config().hidden_size,
-        "num_anchors": (ckpt.meta.get("drafter_config") or {}).get("anchors_per_sequence"),
-        "markov_rank": rank,
-        "markov_head_type": "vanilla",
-        "enable_confidence_head": True,
-        "confidence_head_with_markov": True,
-        "sample_from_anchor": True,
-    }
-    write_weights(tensors, out / WEIGHTS_FILE)
-    return config
-
-
 def matches_dflash(config: dict, names: set[str]) -> bool:
     return "speculators_model_type" not in config and "DFlashDraftModel" in (
         config.get("architectures") or [])
@@ -211,12 +178,6 @@ def matches_dflash(config: dict, names: set[str]) -> bool:
 
 def matches_dflash_speculators(config: dict, names: set[str]) -> bool:
     return config.get("speculators_model_type") == "dflash"
-
-
-def matches_dspark(config: dict, names: set[str]) -> bool:
-    archs = config.get("architectures") or []
-    return "speculators_model_type" not in config and (
-        any("DSpark" in a for a in archs) or any(n.startswith("markov_head.") for n in names))
 
 
 def _refuse_variants(body: dict, config: dict, where: str) -> None:
@@ -234,7 +195,7 @@ def _refuse_variants(body: dict, config: dict, where: str) -> None:
                               "layers have no projection biases)")
 
 
-def _read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config: dict,
+def read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config: dict,
                 tensors: dict, settings: dict, base_model: str | None, where: str
                 ) -> ExportedDrafter:
     """The shared checks and settings of the three layouts (`extra`: DSpark's head prefixes)."""
@@ -274,7 +235,7 @@ def read_dflash(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
     settings = {"block_size": flags.get("block_size", config.get("block_size")),
                 "target_layer_ids": flags.get("target_layer_ids", config.get("target_layer_ids")),
                 "mask_token_id": flags.get("mask_token_id", config.get("mask_token_id"))}
-    return _read_block("dflash", "dflash", (), config, config, tensors, settings, None, where)
+    return read_block("dflash", "dflash", (), config, config, tensors, settings, None, where)
 
 
 def read_dflash_speculators(config: dict, tensors: dict[str, torch.Tensor],
@@ -292,33 +253,11 @@ def read_dflash_speculators(config: dict, tensors: dict[str, torch.Tensor],
                 "mask_token_id": config.get("mask_token_id")}
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     body = config.get("transformer_layer_config") or {}
-    return _read_block("dflash-speculators", "dflash", (), body, config, tensors, settings,
+    return read_block("dflash-speculators", "dflash", (), body, config, tensors, settings,
                        verifier, where)
 
 
-def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
-                ) -> ExportedDrafter:
-    """DeepSpec's DSpark layout -> draftsmith DSpark names (already the same)."""
-    if config.get("markov_head_type", "vanilla") != "vanilla":
-        raise DraftsmithError(f"{where}: markov_head_type={config['markov_head_type']!r}; "
-                              "draftsmith's DSpark has the `vanilla` Markov head only")
-    if not config.get("sample_from_anchor", True):
-        raise DraftsmithError(f"{where}: sample_from_anchor=false; draftsmith's DSpark predicts "
-                              "anchor + k + 1 at row k (DeepSpec's layout)")
-    if config.get("enable_confidence_head") is False:
-        raise DraftsmithError(f"{where}: enable_confidence_head=false; draftsmith's DSpark has a "
-                              "confidence head")
-    settings = {"block_size": config.get("block_size"),
-                "target_layer_ids": config.get("target_layer_ids"),
-                "mask_token_id": config.get("mask_token_id")}
-    w1 = tensors.get("markov_head.markov_w1.weight")
-    settings["markov_rank"] = config.get("markov_rank") or (int(w1.shape[1]) if w1 is not None
-                                                              else None)
-    return _read_block("dspark", "dspark", DSPARK_PREFIXES, config, config, tensors, settings,
-                       None, where)
-
-
-def _body_keys(drafter: ExportedDrafter, body: dict, where: str) -> list:
+def body_keys(drafter: ExportedDrafter, body: dict, where: str) -> list:
     state = drafter.state
     implied = {"hidden_size": rows(state, "fc.weight"),
                "vocab_size": rows(state, "embed_tokens.weight"),
@@ -327,7 +266,7 @@ def _body_keys(drafter: ExportedDrafter, body: dict, where: str) -> list:
     return [(where + k, body.get(k, MISSING), v) for k, v in implied.items()]
 
 
-def _ids_implied(drafter: ExportedDrafter) -> int | None:
+def ids_implied(drafter: ExportedDrafter) -> int | None:
     fc = drafter.state.get("fc.weight")
     return None if fc is None else fc.shape[1] // fc.shape[0]
 
@@ -336,13 +275,13 @@ def dflash_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     """config.json keys vLLM, SGLang and llama.cpp read from the native layout."""
     flags = config.get("dflash_config") or {}
     ids = flags.get("target_layer_ids", MISSING)
-    return [*_body_keys(drafter, config, ""),
+    return [*body_keys(drafter, config, ""),
             ("block_size", config.get("block_size", MISSING), drafter.settings["block_size"]),
             ("dflash_config.block_size", flags.get("block_size", MISSING),
              drafter.settings["block_size"]),
             ("dflash_config.mask_token_id", flags.get("mask_token_id", MISSING), None),
             ("dflash_config.target_layer_ids (count)",
-             MISSING if ids is MISSING else len(ids), _ids_implied(drafter)),
+             MISSING if ids is MISSING else len(ids), ids_implied(drafter)),
             ("num_target_layers", config.get("num_target_layers", MISSING), None)]
 
 
@@ -353,38 +292,24 @@ def dflash_speculators_config_keys(drafter: ExportedDrafter, config: dict) -> li
     spec = config.get("speculators_config") or {}
     methods = spec.get("proposal_methods") or [{}]
     block = drafter.settings["block_size"]
-    return [*_body_keys(drafter, body, "transformer_layer_config."),
+    return [*body_keys(drafter, body, "transformer_layer_config."),
             ("block_size", config.get("block_size", MISSING), block),
             ("mask_token_id", config.get("mask_token_id", MISSING), None),
             ("aux_hidden_state_layer_ids (count)", MISSING if ids is MISSING else len(ids),
-             _ids_implied(drafter)),
+             ids_implied(drafter)),
             ("speculators_config.proposal_methods[0].speculative_tokens",
              methods[0].get("speculative_tokens", MISSING), block - 1),
             ("speculators_config.verifier.name_or_path",
              (spec.get("verifier") or {}).get("name_or_path", MISSING), None)]
 
 
-def dspark_config_keys(drafter: ExportedDrafter, config: dict) -> list:
-    """config.json keys vLLM reads from DeepSpec's layout."""
-    ids = config.get("target_layer_ids", MISSING)
-    w1 = drafter.state.get("markov_head.markov_w1.weight")
-    return [*_body_keys(drafter, config, ""),
-            ("block_size", config.get("block_size", MISSING), drafter.settings["block_size"]),
-            ("mask_token_id", config.get("mask_token_id", MISSING), None),
-            ("target_layer_ids (count)", MISSING if ids is MISSING else len(ids),
-             _ids_implied(drafter)),
-            ("markov_rank", config.get("markov_rank", MISSING),
-             None if w1 is None else int(w1.shape[1])),
-            ("sample_from_anchor", config.get("sample_from_anchor", MISSING), True)]
-
-
-def _proposals(settings: dict, shift: int) -> int:
+def proposals(settings: dict, shift: int) -> int:
     return int(settings.get("block_size") or 16) - 1 + shift
 
 
 def dflash_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
     """Model card serving sections of the native layout."""
-    block = _proposals(settings, 1)
+    block = proposals(settings, 1)
     return [vllm_command(base, drafter, "dflash", block - 1),
             ServingSection("SGLang", (
                 f"python -m sglang.launch_server --model-path {base} \\",
@@ -397,11 +322,6 @@ def dflash_serving(base: str, drafter: str, settings: dict) -> list[ServingSecti
 
 def dflash_speculators_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
     """Model card serving sections of the speculators layout."""
-    return [vllm_command(base, drafter, "dflash", _proposals(settings, 0)),
+    return [vllm_command(base, drafter, "dflash", proposals(settings, 0)),
             ServingSection("SGLang", note="Not from this folder: export with `--format dflash` "
                            "for SGLang.")]
-
-
-def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
-    """Model card serving sections of DeepSpec's layout."""
-    return [vllm_command(base, drafter, "dspark", _proposals(settings, 1))]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import dflash, eagle1, eagle3, medusa, mtp
+from draftsmith.export import dflash, dspark, eagle1, eagle3, medusa, mtp
 from draftsmith.export.record import ExportFormat
 
 FORMATS: dict[str, ExportFormat] = {
@@ -40,8 +40,8 @@ FORMATS: dict[str, ExportFormat] = {
                      dflash.dflash_speculators_serving, library_name="speculators"),
         ExportFormat("dspark", "dspark",
                      "DSpark, deepseek-ai/DeepSpec layout that vLLM serves (Qwen3DSparkModel)",
-                     dflash.write_dspark, dflash.matches_dspark, dflash.read_dspark,
-                     dflash.dspark_config_keys, dflash.dspark_serving),
+                     dspark.write_dspark, dspark.matches_dspark, dspark.read_dspark,
+                     dspark.dspark_config_keys, dspark.dspark_serving),
     )
 }
 

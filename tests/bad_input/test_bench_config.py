@@ -69,6 +69,9 @@ PASS_EXAMPLE = "map a pass name to {methods: [...], batch_sizes: [1, 2, 4, 8]}"
      ["unknown key(s) eval.passes.p.batch_size", "valid keys of a pass: methods, batch_sizes"]),
     ({"batch_sizes": [1, 2]}, {}, ["eval.passes.p.methods = None: list one or more eval methods"]),
     ({"methods": ["prompt_lookup"], "limit": 0}, {}, ["eval.passes.p.limit = 0: must be an integer"]),
+    ({"methods": ["prompt_lookup"], "bench": ["long"]}, {},
+     ["eval.passes.p.bench = ['long']: list one or more prompt sets of: mt_bench, humaneval, "
+      "gsm8k, sharegpt_long"]),
     ({"methods": ["prompt_lookup"], "target_quant": ["none", "int8"]}, {"dtype": "bfloat16"},
      ["eval.passes.p has target_quant int8", "dtype = 'bfloat16'", "dtype: auto or float32"]),
     ({"methods": ["prompt_lookup"], "check_lossless": True}, {"dtype": "float16"},

@@ -242,6 +242,9 @@ def test_a_titled_pass_gets_its_own_method_table(tmp_path):
     assert text.startswith("### DFlash 8K (`v` run, greedy, 10 prompt(s) per set, 48 new tokens")
     assert "| drafter_chain@dflash8k | 1.50 | 0.50 | 0.30 |" in text and "**1.25x**" in text
     assert "batch" not in text  # untitled passes keep their own sections
+    bench["config"]["eval"]["passes"]["v"]["bench"] = ["sharegpt_long"]  # its own prompt sets
+    assert "\n".join(titled_passes(bench)).startswith(
+        "### DFlash 8K (`v` run, greedy, prompts: sharegpt_long, 10 prompt(s) per set")
 
 
 def test_a_pass_method_without_a_name_borrows_its_kind_s_with_its_label(tmp_path):
