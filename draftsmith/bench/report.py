@@ -116,14 +116,16 @@ def _training_table(bench: dict) -> list[str]:
     records = bench["training"]
     own_data = _own_data(records)  # then the conversations each trained on
     lines = ["| drafter | kind | trained params | features | "
-             + ("conversations | tokens | " if own_data else "")
+             + ("conversations | tokens | tokens seen (epochs) | " if own_data else "")
              + "steps | batch | s/step | tokens/s | train minutes | held-out acc@1 | acc@2 | acc@3 | "
-             "simulated tau |", "|" + "---|" * (15 if own_data else 13)]
+             "simulated tau |", "|" + "---|" * (16 if own_data else 13)]
     for label, rec in records.items():
         held = rec.get("held_out", {})
         data = rec.get("data") or {}
-        columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d")] \
-            if own_data else []
+        seen = rec.get("tokens_seen")
+        epochs = f" ({seen / data['tokens']:.2f})" if seen and data.get("tokens") else ""
+        columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d"),
+                   _fmt(seen, ",d") + epochs] if own_data else []
         lines.append("| " + " | ".join([
             label, rec["kind"] + (" + LoRA" if rec.get("lora") else "")
             + (" (heads share the target's frozen output layer)" if shared_head(rec) else ""),

@@ -75,9 +75,10 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, key, label in ((axes[0], "tau", "tau (greedy, mean over sets)"),
                                (axes[1], "speedup", "speedup over plain")):
-            for minutes, points in scaling["drafters"].items():
+            for (minutes, length), points in scaling["drafters"].items():
                 xs, ys = zip(*[(p["conversations"], p[key]) for p in points], strict=True)
-                ax.plot(xs, ys, marker="o", label=f"{minutes:g} min of training")
+                ax.plot(xs, ys, marker="o", label=f"{minutes:g} min of training"
+                        + (f", {length}-token sequences" if length else ""))
             for name, values in scaling["baselines"].items():
                 ax.axhline(values[key], linestyle="--", linewidth=0.9, label=name)
             ax.set(xscale="log", xlabel="distinct conversations trained on", ylabel=label)
@@ -90,16 +91,18 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
 
 def scaling_points(bench: dict) -> dict | None:
     """For a benchmark whose drafters trained on data of their own: each `drafter_dynamic@label`
-    method's greedy tau and speedup against its conversations, grouped by training budget, and
-    the methods without a drafter (prompt lookup) and hybrids as reference lines. None when the
-    drafters share their data or there is no greedy evaluation."""
+    method's greedy tau and speedup against its conversations, grouped by training budget and
+    sequence length (`(minutes, max_length)`, the length None where it is the benchmark's own),
+    and the methods without a drafter (prompt lookup) and hybrids as reference lines. None when
+    the drafters share their data or there is no greedy evaluation."""
     training = bench.get("training") or {}
     folders = {(r.get("data") or {}).get("folder") for r in training.values()}
     summary = (bench.get("eval") or {}).get("0", {}).get("summary")
     if len(folders) < 2 or not summary:
         return None
     names = method_names(bench)
-    drafters: dict[float, list[dict]] = {}
+    own_length = (bench.get("config") or {}).get("train", {}).get("max_length")
+    drafters: dict[tuple, list[dict]] = {}
     baselines = {}
     for method in summary["all"]:
         if method == "plain":
@@ -109,7 +112,9 @@ def scaling_points(bench: dict) -> dict | None:
                   "speedup": set_mean(summary, method, "speedup")}
         record = training.get(label)
         if base == "drafter_dynamic" and record and (record.get("data") or {}).get("conversations"):
-            drafters.setdefault(record["budget_minutes"], []).append(
+            length = record.get("max_length")
+            drafters.setdefault((record["budget_minutes"], None if length == own_length
+                                 else length), []).append(
                 {"conversations": record["data"]["conversations"], **values})
         elif values["tau"] is not None:
             baselines[names.get(method, method)] = values

@@ -196,6 +196,8 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         "seconds_per_step": per_step, "budget_minutes": budget,
         "data": _data_record(data_folder(config, entry)),
         "tokens_per_second": tokens_per_second(rows),
+        "tokens_seen": sum(r.get("tokens", 0) for r in rows if "loss" in r),
+        "max_length": raw["train"].get("max_length"),
         "train_minutes": sum(attempts) / 60, "batch_size": raw["train"]["batch_size"],
         "features": raw["train"].get("features", "online"),
         "lora": bool(raw["drafter"].get("lora")),

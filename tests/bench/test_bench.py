@@ -353,9 +353,11 @@ def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path)
               "seconds_per_step": 1.0, "train_minutes": 1.0, "held_out": {}}
     table = _training_table({"training": {
         "eagle1": {**record, "data": {"folder": "a", "conversations": 1708, "tokens": 514008}},
-        "eagle1-more": {**record, "data": {"folder": "b", "conversations": 11144,
-                                           "tokens": 3100000}}}})
-    assert "conversations | tokens" in table[0] and "| 11,144 | 3,100,000 |" in table[3]
+        "eagle1-more": {**record, "tokens_seen": 775000,
+                        "data": {"folder": "b", "conversations": 11144, "tokens": 3100000}}}})
+    assert "conversations | tokens | tokens seen (epochs)" in table[0]
+    assert "| 11,144 | 3,100,000 | 775,000 (0.25) |" in table[3]
+    assert "| 1,708 | 514,008 | – |" in table[2]  # a record from before tokens_seen was kept
     assert "conversations" not in _training_table({"training": {"eagle1": record}})[0]
     assert bench_name({"target": NAME, "name": "x-scaling"}) == "x-scaling"
     assert bench_name({"target": NAME, "name": None}) == NAME
@@ -385,7 +387,7 @@ def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path,
 
 
 def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
-    from draftsmith.bench.report import _bars
+    from draftsmith.bench.report_findings import bars
 
     rows = {"plain": {"speedup": 1.0}, "prompt_lookup": {"speedup": 1.4},
             "drafter_dynamic@eagle3": {"speedup": 1.1}, "drafter_lookup@eagle3": {"speedup": 1.5}}
@@ -393,7 +395,7 @@ def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
         "prompt_lookup": "prompt lookup", "drafter_dynamic@eagle3": "EAGLE-3",
         "drafter_lookup@eagle3": "EAGLE-3 + prompt lookup"}}},
         "eval": {"0": {"summary": {"gsm8k": rows, "all": rows}}}}
-    lines, missed = _bars(bench)
+    lines, missed = bars(bench)
     assert "| best trained drafter speedup (EAGLE-3) | >= 1.6x | 1.10x | missed |" in lines
     assert "| best trained drafter faster than prompt lookup | > 1.40x | 1.10x | missed |" in lines
     assert "| EAGLE-3 + prompt lookup faster than prompt lookup | > 1.40x | 1.50x | met |" in lines
@@ -420,17 +422,21 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
 
     summary = {s: {"plain": row(1.0, 1.0), "prompt_lookup": row(1.6, 1.4),
                    "drafter_dynamic@small": row(1.5, 1.1), "drafter_dynamic@all": row(1.9, 1.3),
-                   "drafter_dynamic@long": row(2.1, 1.4)} for s in ("gsm8k", "all")}
-    training = {label: {"kind": "eagle3", "budget_minutes": minutes,
+                   "drafter_dynamic@long": row(2.1, 1.4), "drafter_dynamic@all-1024": row(1.8, 1.2)}
+               for s in ("gsm8k", "all")}
+    training = {label: {"kind": "eagle3", "budget_minutes": minutes, "max_length": length,
                         "data": {"folder": label, "conversations": n}}
-                for label, n, minutes in (("small", 1708, 12), ("all", 11144, 12),
-                                          ("long", 11144, 45))}
-    bench = {"config": {"target": NAME, "eval": {"methods": {}}}, "training": training,
-             "eval": {"0": {"summary": summary}}}
+                for label, n, minutes, length in (("small", 1708, 12, 384), ("all", 11144, 12, 384),
+                                                  ("long", 11144, 45, 384),
+                                                  ("all-1024", 11144, 12, 1024))}
+    bench = {"config": {"target": NAME, "eval": {"methods": {}}, "train": {"max_length": 384}},
+             "training": training, "eval": {"0": {"summary": summary}}}
     points = scaling_points(bench)
-    assert points["drafters"][12] == [{"conversations": 1708, "tau": 1.5, "speedup": 1.1},
-                                      {"conversations": 11144, "tau": 1.9, "speedup": 1.3}]
-    assert points["drafters"][45] == [{"conversations": 11144, "tau": 2.1, "speedup": 1.4}]
+    assert points["drafters"][12, None] == [{"conversations": 1708, "tau": 1.5, "speedup": 1.1},
+                                            {"conversations": 11144, "tau": 1.9, "speedup": 1.3}]
+    assert points["drafters"][45, None] == [{"conversations": 11144, "tau": 2.1, "speedup": 1.4}]
+    # another sequence length is a line of its own
+    assert points["drafters"][12, 1024] == [{"conversations": 11144, "tau": 1.8, "speedup": 1.2}]
     assert points["baselines"] == {"prompt_lookup": {"tau": 1.6, "speedup": 1.4}}
     assert (tmp_path / "scaling.png") in write_plots(bench, tmp_path)
     shared = {**bench, "training": {k: {**v, "data": {"folder": "one"}}
