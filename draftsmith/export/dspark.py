@@ -60,12 +60,10 @@ def write_dspark(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
     return config
 
 
-
 def matches_dspark(config: dict, names: set[str]) -> bool:
     archs = config.get("architectures") or []
     return "speculators_model_type" not in config and (
         any("DSpark" in a for a in archs) or any(n.startswith("markov_head.") for n in names))
-
 
 
 def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
@@ -90,7 +88,6 @@ def read_dspark(config: dict, tensors: dict[str, torch.Tensor], where: str = "ex
                        None, where)
 
 
-
 def dspark_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     """config.json keys vLLM reads from DeepSpec's layout."""
     ids = config.get("target_layer_ids", MISSING)
@@ -103,7 +100,6 @@ def dspark_config_keys(drafter: ExportedDrafter, config: dict) -> list:
             ("markov_rank", config.get("markov_rank", MISSING),
              None if w1 is None else int(w1.shape[1])),
             ("sample_from_anchor", config.get("sample_from_anchor", MISSING), True)]
-
 
 
 def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
