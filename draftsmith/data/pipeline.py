@@ -39,7 +39,7 @@ from draftsmith.data.render import (
     render_conversations,
     resolve_chat_template,
 )
-from draftsmith.data.shards import check_run_target, read_manifest
+from draftsmith.data.shards import budget_line, check_run_target, read_manifest, shard_seconds
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import read_json_dict, write_atomic, write_json
@@ -193,6 +193,9 @@ def _run_steps(recipe: DataRecipe, stop_after_shards: int | None, progress: bool
             log(f"  failed: conversation {failure['index']} ({failure['id']}): {failure['error']}")
         if len(failed) > 10:
             log(f"  ... {len(failed) - 10} more failures listed in {out_dir / 'summary.json'}")
+        if data.regenerate.max_minutes is not None:
+            log(budget_line("data.regenerate.max_minutes", shard_seconds(manifest),
+                            data.regenerate.max_minutes))
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)
@@ -238,6 +241,9 @@ def _run_steps(recipe: DataRecipe, stop_after_shards: int | None, progress: bool
         if report.budget_reached:
             log(f"data.cache.max_minutes={data.cache.max_minutes:g} reached: the cache holds the "
                 f"first {cache.num_samples:,} of {len(samples):,} conversations")
+        if data.cache.max_minutes is not None:
+            log(budget_line("data.cache.max_minutes", shard_seconds(cache.manifest),
+                            data.cache.max_minutes))
         if not report.complete:
             log(f"stopped after {report.shards_written} new shard(s); run again to resume")
             return _finish(out_dir, summary, log)

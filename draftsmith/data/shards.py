@@ -173,9 +173,22 @@ def budget_has_room(manifest: dict, max_minutes: float | None, size: int, size_k
     if max_minutes is None:
         return True
     budget = max_minutes * 60
-    spent = sum(s["seconds"] for s in manifest["shards"])
+    spent = shard_seconds(manifest)
     estimate = next_shard_seconds(manifest, size, size_key)
     return spent < budget and (estimate is None or spent + estimate / 2 <= budget)
+
+
+def budget_line(setting: str, seconds: float, max_minutes: float) -> str:
+    """How a phase spent its wall-clock budget, for the log: `data.cache.max_minutes=3: 2:58
+    spent (-1% of the budget)`."""
+    budget = max_minutes * 60
+    return (f"{setting}={max_minutes:g}: {int(seconds // 60)}:{int(seconds % 60):02d} spent "
+            f"({(seconds - budget) / budget:+.0%} of the budget)")
+
+
+def shard_seconds(manifest: dict) -> float:
+    """Seconds the finished shards of a run took, summed over its runs (what its budget counts)."""
+    return sum(s["seconds"] for s in manifest["shards"])
 
 
 @dataclass

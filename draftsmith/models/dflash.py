@@ -24,6 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.block_layers import KV, BlockDecoderLayer
+from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import Rotary, drafter_layer_config
 
 LOSSES = ("kl", "ce")
@@ -147,7 +148,7 @@ def resolve_mask_token(target_config, chosen: int | None) -> int:
                           "drafter.mask_token_id to a token the data never holds")
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(DraftVocab, nn.Module):
     """DFlash drafter for a given target config.
 
     Frozen copies of the target: `embed_tokens`, `lm_head` (with a draft vocabulary: the target's
@@ -182,35 +183,12 @@ class DFlashDrafter(nn.Module):
         self.lm_head = nn.Linear(hidden, vd, bias=False).requires_grad_(False)
         self.rotary = Rotary(layer_config)
         if vd < vocab:
-            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
-            self.t2d[:vd] = True
+            self.add_draft_vocab(vd, vocab)
 
     @property
     def draft_vocab_size(self) -> int:
         """Vd: the tokens the head covers (the target's vocabulary size without a draft vocab)."""
         return self.lm_head.out_features
-
-    @property
-    def reduced_vocab(self) -> bool:
-        return hasattr(self, "d2t")
-
-    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """Install a draft vocabulary (see draftsmith.data); sizes must match Vd and V."""
-        if not self.reduced_vocab:
-            raise ValueError("this drafter drafts over the whole vocabulary; set "
-                             "drafter.draft_vocab_size to install a draft vocabulary")
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(f"draft vocab shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} "
-                             f"do not match Vd={self.d2t.shape[0]} / V={self.t2d.shape[0]}")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def draft_ids(self) -> torch.Tensor | None:
-        """Target id of each draft id (Vd,), or None without a draft vocabulary."""
-        if not self.reduced_vocab:
-            return None
-        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     @property
     def proposals(self) -> int:

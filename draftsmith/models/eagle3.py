@@ -14,6 +14,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
@@ -129,7 +130,7 @@ class Eagle3Midlayer(DraftDecoderLayer):
         return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, extra_kv)
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(DraftVocab, nn.Module):
     """EAGLE-3 drafter for a given target config (EAGLE-3.1 with `fc_norm` / `norm_output`).
 
     Frozen parts copied from the target: `embed_tokens`. Trained: `fc`, `midlayer`, `norm`,
@@ -159,31 +160,17 @@ class Eagle3Drafter(nn.Module):
         self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, vd, bias=False)
         self.rotary = Rotary(layer_config)
-        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
-        self.t2d[:vd] = True
+        self.add_draft_vocab(vd, vocab)
 
     @property
     def draft_vocab_size(self) -> int:
         return self.lm_head.out_features
-
-    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """Install a draft vocabulary (see draftsmith.data); sizes must match Vd and V."""
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(f"draft vocab shapes d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} "
-                             f"do not match Vd={self.d2t.shape[0]} / V={self.t2d.shape[0]}")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
 
     def init_from_target(self, target: nn.Module) -> None:
         """Copy the frozen embedding and start the draft head from the target's head rows."""
         self.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.data)
         head = target.get_output_embeddings().weight.data
         self.lm_head.weight.data.copy_(head[self.draft_ids()])
-
-    def draft_ids(self) -> torch.Tensor:
-        """Target id of each draft id. (Vd,)"""
-        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def fuse(self, aux_hidden: list[torch.Tensor]) -> torch.Tensor:
         """fc(cat(low, mid, high)), each normed first with `fc_norm`: target features -> drafter

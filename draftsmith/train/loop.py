@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.data.shards import budget_line
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.precision import choose_mixed_precision
@@ -252,6 +253,11 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
                         out_dir, lora_target=unwrapped.target if joint else None,
                         target_parameters_per_rank=held)
+    if cfg.max_minutes is not None:
+        spent = (planner.spent_before if planner else budget.get("spent_seconds", 0.0)) + \
+            time.perf_counter() - start
+        accelerator.print(budget_line("train.max_minutes", spent, cfg.max_minutes)
+                          + f", {step} steps, from building the drafter to the saved drafter")
     accelerator.end_training()
     return path
 

@@ -131,6 +131,18 @@ def test_report_means_weight_each_prompt_set_equally():
     assert tokens_per_second(rows) is None  # a run logged before steps recorded their tokens
     rows = [{**r, "tokens": 100 * r["step"]} for r in rows] + [{"step": 4, "eval/acc_0": 0.5}]
     assert tokens_per_second(rows) == (200 + 400) / 3.0
+    # scaled to the data's mean step: the timed steps (2 and 4) held 200 and 400 tokens, a mean
+    # of 300, against 600 in an average step of the data: twice the time
+    assert seconds_per_step(rows, step_tokens=600.0) == pytest.approx(2.0)
+
+
+def test_the_calibration_scales_to_the_data_s_mean_batch(tmp_path):
+    from draftsmith.bench.run import mean_step_tokens
+
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"rendering": {"rendered": 100, "tokens": 30_000}}))
+    assert mean_step_tokens(tmp_path, 4) == 1200.0
+    assert mean_step_tokens(tmp_path / "none", 4) is None
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes/bench").glob("*.yaml")), ids=lambda p: p.name)

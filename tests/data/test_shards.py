@@ -51,3 +51,12 @@ def test_the_report_skips_finished_shards_and_stops_for_the_budget():
         left.append(index)
         again.wrote(30, tokens=10)
     assert left == [2] and again.shards_skipped == 2 and not again.complete
+
+
+def test_budget_line_says_time_spent_against_the_budget():
+    from draftsmith.data.shards import budget_line, shard_seconds
+
+    assert budget_line("data.cache.max_minutes", 178.0, 3) == \
+        "data.cache.max_minutes=3: 2:58 spent (-1% of the budget)"
+    assert budget_line("train.max_minutes", 400.0, 6).endswith("6:40 spent (+11% of the budget)")
+    assert shard_seconds({"shards": [{"seconds": 1.5}, {"seconds": 2.0}]}) == 3.5

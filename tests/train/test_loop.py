@@ -133,9 +133,10 @@ def test_medusa2_trains_lora_adapters_and_heads_but_not_the_base(tmp_path):
     assert "distill_kl" in rows[0]
 
 
-def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypatch):
+def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypatch, capsys):
     """A slower machine (faked clock: 2 s per step instead of 0.5) gets fewer steps, and the
-    schedule and the saved total follow the plan."""
+    schedule and the saved total follow the plan; the log ends with the time spent against the
+    budget."""
     import draftsmith.train.loop as loop
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
@@ -152,6 +153,10 @@ def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypat
         return planned, max(r["step"] for r in rows)
 
     fast = run(0.5, tmp_path / "fast")
+    spent = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("train.max_minutes=0.2: 0:1")]
+    assert len(spent) == 1 and "spent (" in spent[0] and f", {fast[1]} steps, from building the " \
+        "drafter to the saved drafter" in spent[0]
     slow = run(2.0, tmp_path / "slow")
     assert fast[0] == fast[1] and slow[0] == slow[1]
     assert slow[0] < fast[0] <= 40
