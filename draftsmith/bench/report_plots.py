@@ -79,14 +79,18 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
                 xs, ys = zip(*[(p["conversations"], p[key]) for p in points], strict=True)
                 ax.plot(xs, ys, marker="o", label=f"{minutes:g} min of training"
                         + (f", {length}-token sequences" if length else ""))
-            for name, values in scaling["baselines"].items():
-                ax.axhline(values[key], linestyle="--", linewidth=0.9, label=name)
+            for i, (name, values) in enumerate(scaling["baselines"].items()):
+                color, style = _BASELINE_STYLES[i % len(_BASELINE_STYLES)]
+                ax.axhline(values[key], color=color, linestyle=style, linewidth=0.9, label=name)
             ax.set(xscale="log", xlabel="distinct conversations trained on", ylabel=label)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.suptitle("What data buys: one drafter kind, one budget per line")
         paths.append(_save(fig, folder / "scaling.png"))
     return paths
+
+
+_BASELINE_STYLES = [("gray", "--"), ("purple", ":"), ("brown", "-."), ("olive", "--")]
 
 
 def scaling_points(bench: dict) -> dict | None:

@@ -7,12 +7,14 @@ import random
 import torch
 
 
-def split_examples(examples: list[dict], eval_fraction: float, seed: int
-                   ) -> tuple[list[dict], list[dict]]:
-    """Deterministic (train, held-out) split; at least one held-out example when asked for."""
+def split_examples(examples: list[dict], eval_fraction: float, seed: int,
+                   max_held: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Deterministic (train, held-out) split; at least one held-out example when asked for, at
+    most `max_held` (None = no cap)."""
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     n_eval = max(1, round(len(examples) * eval_fraction)) if eval_fraction > 0 else 0
+    n_eval = min(n_eval, max_held) if max_held is not None else n_eval
     held = set(order[:n_eval])
     return ([e for i, e in enumerate(examples) if i not in held],
             [e for i, e in enumerate(examples) if i in held])
@@ -67,7 +69,8 @@ class ExampleBatches:
 
         self.cfg, self.accelerator = cfg, accelerator
         self.record = examples_record(examples)
-        self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed)
+        self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed,
+                                                     cfg.eval_max_samples)
         world = cfg.batch_size * accelerator.num_processes
         if len(self.train_set) < world:
             raise DraftsmithError(f"only {len(self.train_set)} training sequences for a global "

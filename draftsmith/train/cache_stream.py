@@ -54,6 +54,7 @@ class CacheStream:
         keys, extras: hidden-state keys to read, and per-token extras where stored.
         batch_size, max_length: per-rank batch rows; tokens per row (longer samples are cut).
         seed, eval_fraction: shuffling and the held-out share (at least one sample when > 0).
+        max_held: at most this many held out, the first in data order (None = no cap).
         rank, world_size: this process among all.
         window: shards shuffled together; host memory holds at most this many mapped shards.
 
@@ -63,7 +64,7 @@ class CacheStream:
 
     def __init__(self, cache: FeatureCache, keys: list[str], extras: tuple[str, ...], *,
                  batch_size: int, max_length: int, seed: int, eval_fraction: float, rank: int,
-                 world_size: int, window: int):
+                 world_size: int, window: int, max_held: int | None = None):
         self.cache, self.keys, self.extras = cache, keys, extras
         self.batch_size, self.max_length, self.seed = batch_size, max_length, seed
         self.rank, self.world_size, self.window = rank, world_size, window
@@ -82,6 +83,10 @@ class CacheStream:
         if eval_fraction > 0 and not any(s.held for s in self.shards):  # hold out one at least
             first = self.shards[0]
             first.held, first.train = first.train[:1], first.train[1:]
+        left = max_held if max_held is not None else sum(len(s.held) for s in self.shards)
+        for shard in self.shards:  # past the cap, held-out samples train
+            keep, left = shard.held[:left], left - min(left, len(shard.held))
+            shard.train, shard.held = sorted(shard.train + shard.held[len(keep):]), keep
         self.num_train = sum(len(s.train) for s in self.shards)
         self.num_held_out = sum(len(s.held) for s in self.shards)
         order = list(range(len(self.shards)))

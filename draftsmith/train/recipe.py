@@ -62,6 +62,8 @@ class TrainSection:
             a newer one is complete (0 or null = keep all).
         eval_every: optimizer steps between held-out evaluations (0 = only at the end).
         eval_fraction: share of the data held out for accuracy / simulated acceptance.
+        eval_max_samples: at most this many held out (the first of the seeded split; the rest
+            train), so each evaluation costs bounded time on large data (null = no cap).
         seed: seed for data order, init and noise.
         output_dir: checkpoints, metrics.jsonl and the final drafter go here.
         wandb: log to Weights & Biases (offline mode when no API key is set).
@@ -94,6 +96,7 @@ class TrainSection:
     keep_checkpoints: int | None = 3
     eval_every: int = 0
     eval_fraction: float = 0.05
+    eval_max_samples: int | None = None
     seed: int = 0
     output_dir: str = "runs/train"
     wandb: bool = False
@@ -133,6 +136,9 @@ class TrainSection:
                                   "(keep that many newest checkpoints), or 0 or null to keep all")
         if not 0 <= self.eval_fraction < 1:
             raise DraftsmithError(f"train.eval_fraction={self.eval_fraction} must be in [0, 1)")
+        if self.eval_max_samples is not None and self.eval_max_samples < 1:
+            raise DraftsmithError(f"train.eval_max_samples={self.eval_max_samples} must be >= 1 "
+                                  "(or null for no cap)")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
             raise DraftsmithError(f"train.warmup_steps={self.warmup_steps} must be in "
                                   f"[0, max_steps={self.max_steps}]")

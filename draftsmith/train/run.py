@@ -200,7 +200,7 @@ def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
     return CacheStream(cache, [hidden_key(i) for i in indices], ("target_argmax",),
                        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,
                        eval_fraction=cfg.eval_fraction, rank=rank, world_size=world_size,
-                       window=cfg.cache_window)
+                       window=cfg.cache_window, max_held=cfg.eval_max_samples)
 
 
 def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:

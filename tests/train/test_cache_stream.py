@@ -48,10 +48,12 @@ def cache(tmp_path_factory):
     return FeatureCache.open(folder)
 
 
-def stream(cache, rank=0, world_size=1, window=2, batch_size=3, eval_fraction=0.2):
+def stream(cache, rank=0, world_size=1, window=2, batch_size=3, eval_fraction=0.2,
+           max_held=None):
     return CacheStream(cache, [hidden_key(i) for i in cache.layers], ("target_argmax",),
                        batch_size=batch_size, max_length=64, seed=7,
                        eval_fraction=eval_fraction, rank=rank, world_size=world_size,
+                       max_held=max_held,
                        window=window)
 
 
@@ -117,6 +119,18 @@ def test_held_out_is_a_fraction_of_positions_and_errors_name_the_fix(cache):
         stream(cache, world_size=len(cache.shards) + 1)
     with pytest.raises(DraftsmithError, match=r"lower train\.batch_size"):
         stream(cache, batch_size=40)
+
+
+def test_a_held_out_cap_keeps_the_first_held_samples_and_trains_on_the_rest(cache):
+    whole, capped = stream(cache, eval_fraction=0.5), stream(cache, eval_fraction=0.5, max_held=2)
+    assert whole.num_held_out > 2 and capped.num_held_out == 2
+    assert capped.num_train == whole.num_train + whole.num_held_out - 2
+    held = [(k, i) for k, s in enumerate(whole.shards) for i in s.held]
+    assert [(k, i) for k, s in enumerate(capped.shards) for i in s.held] == held[:2]
+    for k, shard in enumerate(capped.shards):  # every sample once, in order
+        assert sorted(shard.train + shard.held) == sorted(whole.shards[k].train +
+                                                          whole.shards[k].held)
+        assert shard.train == sorted(shard.train)
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")

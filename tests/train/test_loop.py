@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
 from draftsmith.train import metrics as metrics_module
+from draftsmith.train.batching import split_examples
 from draftsmith.train.loop import run_training
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
@@ -108,6 +109,8 @@ def test_recipe_errors_name_the_key_and_the_choices():
         build_recipe({"drafter": {"kind": "eagle9"}})
     with pytest.raises(DraftsmithError, match=r"train\.batch_size"):
         build_recipe({"drafter": {"kind": "medusa"}, "train": {"batch_size": 0}})
+    with pytest.raises(DraftsmithError, match=r"train\.eval_max_samples=0 must be >= 1"):
+        build_recipe({"drafter": {"kind": "medusa"}, "train": {"eval_max_samples": 0}})
     recipe = build_recipe({"drafter": {"kind": "medusa"}, "train": {"lr": "1e-4"}})
     assert recipe.train.lr == 1e-4
 
@@ -243,6 +246,14 @@ def test_a_resumed_budget_run_keeps_its_total_and_its_spent_minutes(tmp_path, mo
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def test_the_in_memory_split_caps_its_held_out_examples():
+    examples = [{"n": i} for i in range(100)]
+    _, held = split_examples(examples, 0.3, seed=1)
+    capped_train, capped = split_examples(examples, 0.3, seed=1, max_held=5)
+    assert len(held) == 30 and len(capped) == 5 and len(capped_train) == 95
+    assert {e["n"] for e in capped} < {e["n"] for e in held}  # a subset of the same split
 
 
 def test_steps_for_budget_arithmetic():
