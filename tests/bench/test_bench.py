@@ -131,8 +131,12 @@ def test_report_means_weight_each_prompt_set_equally():
     assert tokens_per_second(rows) is None  # a run logged before steps recorded their tokens
     rows = [{**r, "tokens": 100 * r["step"]} for r in rows] + [{"step": 4, "eval/acc_0": 0.5}]
     assert tokens_per_second(rows) == (200 + 400) / 3.0
-    # scaled to the data's mean step: the timed steps (2 and 4) held 200 and 400 tokens, a mean
-    # of 300, against 600 in an average step of the data: twice the time
+    # scaled to the data's mean step: the time from step 2's end to step 4's covers steps 3 and 4,
+    # which held 200 and 400 tokens, a mean of 300, against 600 in an average step of the data:
+    # twice the time
+    rows = [{"step": s, "loss": 1.0, "seconds": 4.0 + s, "tokens": t}
+            for s, t in ((1, 100), (2, 100), (3, 200), (4, 400))]
+    assert seconds_per_step(rows) == 1.0
     assert seconds_per_step(rows, step_tokens=600.0) == pytest.approx(2.0)
 
 
