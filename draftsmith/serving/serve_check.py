@@ -54,6 +54,10 @@ class ServeCheckSettings:
         draft_outtypes: llama.cpp only: the draft GGUF's weight types (the converter's
             `--outtype`), one speculative run each after one plain run; the first is the check's
             main run. A smaller draft costs the engine less memory bandwidth per step.
+        dtype: vLLM only: its compute dtype, `auto` (what this machine measures faster) or an
+            explicit one; `float32` makes ties rare, so plain and speculative outputs compare
+            token for token (in bf16 near-tied logits can rank differently in a multi-token
+            verify). llama.cpp computes in the GGUFs' own types.
     """
 
     draft_max: int | None = None
@@ -64,9 +68,11 @@ class ServeCheckSettings:
     engine: str = "llama.cpp"
     device: str = "cpu"
     draft_outtypes: tuple[str, ...] = ("f32",)
+    dtype: str = "auto"
 
     def __post_init__(self):
         from draftsmith.export.gguf import OUTTYPES
+        from draftsmith.precision import check_dtype
         from draftsmith.target import resolve_device
 
         types = tuple(self.draft_outtypes)
@@ -77,6 +83,10 @@ class ServeCheckSettings:
             raise DraftsmithError("--draft-outtype is for llama.cpp (the draft's GGUF weights); "
                                   f"{self.engine} serves the export as written")
         object.__setattr__(self, "draft_outtypes", types)
+        check_dtype(self.dtype)
+        if self.dtype != "auto" and self.engine != "vllm":
+            raise DraftsmithError(f"--dtype {self.dtype} is for vLLM; llama.cpp computes in the "
+                                  "GGUFs' own types (the draft's: --draft-outtype)")
 
         object.__setattr__(self, "device", str(resolve_device(self.device, "--device")))
         if self.engine not in ENGINES:

@@ -26,6 +26,7 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
                                   loop=args.loop, engine=args.engine, device=args.device,
+                                  dtype=args.dtype,
                                   draft_outtypes=tuple(t.strip() for t in
                                                        args.draft_outtype.split(",")))
     # before any prompt set is installed: the export, the engine's Python, the target's files
@@ -66,6 +67,11 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
                         help="llama.cpp: the draft GGUF's weight type(s), comma-separated, one "
                         "speculative run each next to one plain run: f32 (exact), f16, bf16, "
                         "q8_0 (a smaller draft reads less memory per step); default f32")
+    parser.add_argument("--dtype", default="auto",
+                        help="vLLM: its compute dtype, auto (measured here: bfloat16 where "
+                        "native bf16 is faster) or float32, bfloat16, float16; float32 compares "
+                        "outputs token for token (in bf16 near-tied logits can flip between a "
+                        "multi-token verify and a one-token step)")
     parser.add_argument("--min-acceptance", type=float, default=0.05,
                         help="fail when the engine accepts fewer of the draft tokens than this")
     parser.add_argument("--threads", type=positive_int_arg,

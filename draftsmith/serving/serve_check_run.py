@@ -273,7 +273,7 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
     from draftsmith.precision import choose_dtype
 
     config = load_target_config(str(target_dir))  # the engine's dtype measured as `auto` chooses
-    choice = choose_dtype("auto", settings.device, config.hidden_size,
+    choice = choose_dtype(settings.dtype, settings.device, config.hidden_size,
                           getattr(config, "intermediate_size", None))
     log(f"vLLM dtype: {choice.dtype} ({choice.reason})")
     speculative = {"method": method, "model": str(export_dir.resolve()),

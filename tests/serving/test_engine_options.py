@@ -49,6 +49,11 @@ def test_unknown_engine_and_misplaced_gguf_are_one_error_each(tmp_path, capsys):
         ServeCheckSettings(draft_outtypes=("f32", "q4_0"))
     with pytest.raises(DraftsmithError, match=r"--draft-outtype is for llama\.cpp"):
         ServeCheckSettings(engine="vllm", draft_outtypes=("f16",))
+    with pytest.raises(DraftsmithError, match=r"--dtype float32 is for vLLM"):
+        ServeCheckSettings(dtype="float32")
+    with pytest.raises(DraftsmithError, match="fp8"):
+        ServeCheckSettings(engine="vllm", dtype="fp8")
+    assert ServeCheckSettings(engine="vllm", dtype="float32").dtype == "float32"
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "prompts.txt").write_text("Hello.\n")
     assert main(["serve-check", str(tmp_path), "--engine", "vllm", "--target-gguf", "t.gguf",

@@ -1,9 +1,9 @@
 """The engine gate in vLLM (its CPU build, real processes, real HTTP on loopback): an EAGLE-3
 drafter and an EAGLE-3.1 one (fc_norm, norm_output; llama.cpp cannot serve it, see
 test_eagle31_engines.py) overfit on the target's own answer, exported in both EAGLE-3 layouts,
-served by vLLM with
-`--speculative-config`, must reproduce vLLM's plain greedy output and have its drafts accepted, a
-full draft block included, and answer as draftsmith's loop does.
+and a DFlash drafter in its native layout (`method: dflash`, the whole block drafted), served by
+vLLM with `--speculative-config` in float32, must reproduce vLLM's plain greedy output and have
+their drafts accepted, a full draft block included, and answer as draftsmith's loop does.
 
 vLLM's environment is about 3.5 GB (its own torch and transformers), so the test command does not
 install it for everyone: these tests run where it is installed (`draftsmith serve-check --engine
@@ -26,13 +26,14 @@ from draftsmith.export.write import export_drafter
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target import load_target
 from tests.helpers.state import require_offline_model
-from tests.serving.overfit import overfit_eagle3
+from tests.serving.overfit import overfit_dflash, overfit_eagle3
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 NAME = "smollm2-135m-instruct"
 NEW_TOKENS = 24
 DRAFT_MAX = 3
 ACCEPTANCE_FLOOR = 0.5  # as the llama.cpp gate: a lost layer id, norm or d2t gives ~0
+DFLASH_ACCEPTANCE_FLOOR = 0.3  # as the llama.cpp gate's DFlash: a whole block per step
 VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
 
 
@@ -61,7 +62,17 @@ def overfit_export(tmp_path_factory):
     checkpoints = {variant: overfit_eagle3(smollm.model, prompt + answer, len(prompt),
                                            root / f"drafter-{variant}", extra=extra)
                    for variant, extra in VARIANTS.items()}
+    checkpoints["dflash"] = overfit_dflash(smollm.model, prompt + answer, len(prompt),
+                                           root / "drafter-dflash", block_size=DRAFT_MAX + 1)
     return root, checkpoints, prompt_file
+
+
+def serve_check(export, prompt_file, out) -> tuple[int, dict]:
+    """serve-check in vLLM, float32 (in bf16 near ties can flip between verify and decode)."""
+    code = main(["serve-check", str(export), "--engine", "vllm", "--dtype", "float32",
+                 "--target", NAME, "--prompts", str(prompt_file), "--max-new-tokens",
+                 str(NEW_TOKENS), "--draft-max", str(DRAFT_MAX), "--loop", "--out", str(out)])
+    return code, json.loads((out / "serve_check.json").read_text())
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -70,13 +81,8 @@ def test_overfit_drafter_is_accepted_by_vllm(overfit_export, layout, variant):
     root, checkpoints, prompt_file = overfit_export
     export = export_drafter(checkpoints[variant], layout, root / f"export-{variant}-{layout}",
                             overwrite=True)
-    out = root / f"serve_check-{variant}-{layout}"
+    code, result = serve_check(export, prompt_file, root / f"serve_check-{variant}-{layout}")
 
-    code = main(["serve-check", str(export), "--engine", "vllm", "--target", NAME,
-                 "--prompts", str(prompt_file), "--max-new-tokens", str(NEW_TOKENS),
-                 "--draft-max", str(DRAFT_MAX), "--loop", "--out", str(out)])
-
-    result = json.loads((out / "serve_check.json").read_text())
     assert code == 0, result
     assert result["engine"].startswith("vLLM") and result["identical"] == [1, 1]
     engine, loop = result["engine_stats"], result["draftsmith"]
@@ -85,3 +91,19 @@ def test_overfit_drafter_is_accepted_by_vllm(overfit_export, layout, variant):
     assert loop["same_answer_as_engine"] == [1, 1]
     # per-position agreement with the loop needs more than one 24-token answer: the benchmark's
     # engine stage measures it on its prompts with the trained drafter
+
+
+def test_overfit_dflash_drafter_is_accepted_by_vllm(overfit_export):
+    root, checkpoints, prompt_file = overfit_export
+    export = export_drafter(checkpoints["dflash"], "dflash", root / "export-dflash",
+                            overwrite=True)
+
+    code, result = serve_check(export, prompt_file, root / "serve_check-dflash")
+
+    assert code == 0, result
+    assert result["speculative_config"]["method"] == "dflash" and result["dtype"] == "float32"
+    assert result["identical"] == [1, 1]
+    engine = result["engine_stats"]
+    assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
+    assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
+    assert result["draftsmith"]["same_answer_as_engine"] == [1, 1]
