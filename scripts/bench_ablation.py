@@ -1,6 +1,6 @@
-"""EAGLE-3 training ablation at equal wall-clock: the benchmark's EAGLE-3 recipe and data trained
-once per arm (baseline, EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`,
-held-out accuracy at draft positions 1-3 and simulated tau, then the best `--eval-best` arms and
+"""Training ablation at equal wall-clock (EAGLE-3 by default, any bench entry with `--kind`, e.g.
+dflash): the benchmark's recipe of that entry and its data trained once per arm (baseline,
+EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`, held-out accuracy at draft positions 1-3 and simulated tau, then the best `--eval-best` arms and
 the baseline decoded side by side in one greedy run of the benchmark's evaluation (its prompt sets,
 limit, tokens and dynamic tree): tau and speedup. All written to one JSON file (a benchmark, not a
 test; run it on an otherwise idle machine: the arms share its clock).
@@ -12,9 +12,10 @@ test; run it on an otherwise idle machine: the arms share its clock).
 Layout under `--work`: data/ (shared), train/ARM/ (each arm's run), ARM.yaml, eval/eval.json.
 
 The data is the benchmark's shared preparation (`--bench`'s `data:` recipe into `--work`/data,
-resumed and reused by every arm); `--data-override`s change that data recipe (a smoke run:
+resumed and reused by every arm; a link `--work`/data to the benchmark's own data folder reuses
+that); `--data-override`s change that data recipe (a smoke run:
 `data.regenerate=null data.limit=64 data.cache.max_minutes=1`). Every arm trains
-`--bench`'s EAGLE-3 entry with its `train:` settings, `train.max_minutes=--minutes`, then its own
+`--bench`'s `--kind` entry with its `train:` settings, `train.max_minutes=--minutes`, then its own
 overrides; trailing `section.key=value`s apply to every arm. A finished arm is not trained again.
 """
 
