@@ -92,7 +92,7 @@ def evaluate_arms(config, entry, work: Path, arms: list[str]) -> dict:
     sets = result["summary"]
     means = {}
     for method, arm in zip(methods, labels.values(), strict=True):
-        rows = [sets[name][method] for name in sets if method in sets[name]]
+        rows = [sets[name][method] for name in sets if name != "all" and method in sets[name]]
         means[arm] = {"eval_tau": round(sum(r["tau"] for r in rows) / len(rows), 3),
                       "eval_speedup": round(sum(r["speedup"] for r in rows) / len(rows), 3),
                       "eval_runs": sum(r["runs"] for r in rows)}
