@@ -1,8 +1,9 @@
 """Training ablation at equal wall-clock (EAGLE-3 by default, any bench entry with `--kind`, e.g.
 dflash): the benchmark's recipe of that entry and its data trained once per arm (baseline,
-EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`, held-out accuracy at draft positions 1-3 and simulated tau, then the best `--eval-best` arms and
-the baseline decoded side by side in one greedy run of the benchmark's evaluation (its prompt sets,
-limit, tokens and dynamic tree): tau and speedup. All written to one JSON file (a benchmark, not a
+EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`, held-out accuracy at draft
+positions 1-3 and simulated tau, then the best `--eval-best` arms and the baseline decoded side
+by side in one greedy run of the benchmark's evaluation (its prompt sets, limit, tokens and
+dynamic tree): tau and speedup. All written to one JSON file (a benchmark, not a
 test; run it on an otherwise idle machine: the arms share its clock).
 
     .venv/bin/python scripts/bench_ablation.py --minutes 7 \

@@ -83,10 +83,12 @@ class CacheStream:
         if eval_fraction > 0 and not any(s.held for s in self.shards):  # hold out one at least
             first = self.shards[0]
             first.held, first.train = first.train[:1], first.train[1:]
-        left = max_held if max_held is not None else sum(len(s.held) for s in self.shards)
-        for shard in self.shards:  # past the cap, held-out samples train
-            keep, left = shard.held[:left], left - min(left, len(shard.held))
-            shard.train, shard.held = sorted(shard.train + shard.held[len(keep):]), keep
+        if max_held is not None:  # the first max_held held-out samples; past the cap, they train
+            left = max_held
+            for shard in self.shards:
+                keep = shard.held[:left]
+                shard.train = sorted(shard.train + shard.held[len(keep):])
+                shard.held, left = keep, left - len(keep)
         self.num_train = sum(len(s.train) for s in self.shards)
         self.num_held_out = sum(len(s.held) for s in self.shards)
         order = list(range(len(self.shards)))
