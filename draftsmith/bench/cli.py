@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-STAGES = ("data", "train", "eval")
+STAGES = ("data", "train", "eval", "engine")
 
 
 def add_bench_parser(verbs) -> None:
@@ -16,7 +16,8 @@ def add_bench_parser(verbs) -> None:
     bench.add_argument("--config", action="append", required=True,
                        help="benchmark config (recipes/bench/*.yaml); repeat for several targets")
     bench.add_argument("--stages", default=",".join(STAGES),
-                       help="comma list of data, train, eval (each resumes); none = report only")
+                       help="comma list of data, train, eval, engine (each resumes; engine: the drafters in "
+                       "real serving engines); none = report only")
     bench.add_argument("--device", default=None,
                        help="cpu | cuda | cuda:N | auto: where every stage computes (default: "
                        "each config's `device`, itself auto: a GPU when one is visible)")

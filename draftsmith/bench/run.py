@@ -1,5 +1,6 @@
 """The benchmark's stages for one target, each resumable: shared data -> per-drafter calibration
-and training under the same wall-clock budget -> one evaluation run per temperature -> results.
+and training under the same wall-clock budget -> one evaluation run per temperature and the extra
+passes -> the engine checks (`engine`: the drafters served by real engines) -> results.
 
 Layout under `out_dir`:
     data/                      the shared data preparation (data pipeline output)
@@ -8,8 +9,8 @@ Layout under `out_dir`:
     train/LABEL/               checkpoints, metrics.jsonl, drafter/ (final), budget.json
     eval_t{T}/eval.json        every method side by side at temperature T (+ plots)
     eval_{pass}/eval.json      the extra greedy runs (batch sizes, quantized target)
-    engine/serve_check.json    the EAGLE-3 drafter in llama.cpp next to draftsmith's loop
-    engine-vllm/serve_check.json   the same in vLLM (when engine.engines lists it)
+    engine/LABEL/ENGINE/serve_check.json   a drafter served by llama.cpp (or vLLM) next to
+                               draftsmith's loop (`engine` stage, bench/engine_stage.py)
     bench.json                 everything the report needs
 """
 
@@ -325,7 +326,8 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
                           setting=f"{where}.max_new_tokens")
 
 
-def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "eval"),
+def run_bench(config: BenchConfig,
+              stages: tuple[str, ...] = ("data", "train", "eval", "engine"),
               log=print) -> Path:
     """Run the asked stages (each resumes), then write bench.json; returns its path."""
     out = Path(config.out_dir)
@@ -352,7 +354,7 @@ def run_bench(config: BenchConfig, stages: tuple[str, ...] = ("data", "train", "
             passes[name] = evaluate_pass(config, name, log)
         elif (out / f"eval_{name}" / "eval.json").is_file():
             passes[name] = json.loads((out / f"eval_{name}" / "eval.json").read_text())
-    engines = engine_check(config, log) if "eval" in stages else read_engine_checks(config)
+    engines = engine_check(config, log) if "engine" in stages else read_engine_checks(config)
     data_summary = out / "data" / "summary.json"
     payload = {
         "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds]},

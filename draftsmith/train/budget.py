@@ -128,9 +128,11 @@ class StepSchedule:
         return total
 
     def revise(self, step: int, total: int) -> None:
-        """Set a new total after `step` steps: the horizon moves while `revisable`, else the rest
-        of the decay is re-timed from the rate at `step` (see the class docstring)."""
-        if not self.revisable(step):
+        """Set a new total after `step` steps: the horizon moves while `revisable` and the total is
+        not below `earliest_total`; else the rest of the decay is re-timed from the rate at `step`
+        (see the class docstring): a run whose budget ends before its decay could start decays
+        from where it is to zero at `total`."""
+        if not self.revisable(step) or total < self.earliest_total(step):
             self.anchor = (step, self.progress(step))
         self.total = total
 
@@ -140,15 +142,19 @@ def revised_total(schedule: StepSchedule, step: int, wanted: int, first: bool,
     """The total a plan after `step` steps sets when the budget wants `wanted`, or None to keep
     the schedule's.
 
-    The first plan sets it. Later, while the schedule is `revisable`, a revision moves the total
-    by more than `REVISE_MIN_CHANGE` of it and more than one step (never below
-    `earliest_total`); once it is fixed, only when keeping it would end the run more than
-    `RETIME_MARGIN` of the budget away from it (the decay is then re-timed).
+    The first plan sets it (never below `earliest_total`). Later, while the schedule is
+    `revisable`, a revision to a total at or above `earliest_total` moves it by more than
+    `REVISE_MIN_CHANGE` of it and more than one step. Otherwise (the total is fixed, or the budget
+    ends before a decay could start) the total changes only when keeping it would end the run
+    more than `RETIME_MARGIN` of the budget away from it, and the decay is re-timed to end there:
+    a budget is not stretched to fit a schedule (at 25 s per step, Muon's emulated bf16 on an AVX2
+    CPU, stretching a 12-step run to keep its stable phase added 9 steps to a 6-minute budget).
     """
-    new = max(wanted, schedule.earliest_total(step))
+    earliest = schedule.earliest_total(step)
     if first:
-        return new
-    if schedule.revisable(step):
+        return max(wanted, earliest)
+    new = max(wanted, step + 1)
+    if schedule.revisable(step) and new >= earliest:
         moved = abs(new - schedule.total) > max(1, REVISE_MIN_CHANGE * schedule.total)
     else:
         moved = abs(new - schedule.total) * seconds_per_step > RETIME_MARGIN * budget_seconds

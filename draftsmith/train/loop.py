@@ -141,7 +141,8 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     model = LossModule(drafter, spec, target, aux_layers, joint)
     # Medusa-2: the backbone's adapters learn 4x slower than the heads
     optimizer = build_optimizer(drafter, cfg, [p for p in target.parameters() if p.requires_grad]
-                                if joint else None, sharded=accelerator.distributed_type == "FSDP")
+                                if joint else None, sharded=accelerator.distributed_type == "FSDP",
+                                device=accelerator.device)
     schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps, cfg.schedule, cfg.decay_fraction)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -301,7 +302,8 @@ def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule
     total = revised_total(schedule, step, wanted, first, per_step, planner.budget_seconds)
     if total is None:
         return False
-    previous, retimed = schedule.total, not schedule.revisable(step)
+    previous = schedule.total
+    retimed = not schedule.revisable(step) or total < schedule.earliest_total(step)
     schedule.revise(step, total)
     row = {"step": step, "seconds_per_step": per_step, "tokens_per_second": rate,
            "planned_steps": total}

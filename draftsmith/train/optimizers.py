@@ -2,8 +2,9 @@
 AdamW for the rest (speculators' split, REFERENCE.md section 7.6).
 
 Muon takes every trainable drafter parameter that is 2-D with min(shape) > 1 and whose name holds
-neither `embed_tokens` nor `lm_head` (`torch.optim.Muon`: momentum 0.95, weight decay 0.1, five
-Newton-Schulz steps, `match_rms_adamw` learning-rate scaling, peak rate `train.muon_lr`); AdamW
+neither `embed_tokens` nor `lm_head` (`torch.optim.Muon`'s update: momentum 0.95, weight decay 0.1,
+five Newton-Schulz steps, `match_rms_adamw` learning-rate scaling, peak rate `train.muon_lr`; the
+iteration in bfloat16 only where bf16 runs fast, train/muon.py); AdamW
 takes norms, biases, heads, embeddings and a jointly trained target's adapters. Both live in one
 `MuonWithAdamW` optimizer whose parameter groups are theirs, so accelerate, the LR schedule (one
 factor for every group) and checkpoints (one optimizer state) handle both, stepped together.
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.muon import Muon, newton_schulz_dtype
 
 OPTIMIZERS = ("adamw", "muon")
 ADAMW_BETAS = (0.9, 0.95)
@@ -71,7 +73,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def build_optimizer(drafter: nn.Module, cfg, joint_params: list[nn.Parameter] | None = None,
-                    sharded: bool = False) -> torch.optim.Optimizer:
+                    sharded: bool = False,
+                    device: str | torch.device = "cpu") -> torch.optim.Optimizer:
     """The optimizer of a run.
 
     Args:
@@ -79,6 +82,7 @@ def build_optimizer(drafter: nn.Module, cfg, joint_params: list[nn.Parameter] | 
         cfg: the recipe's `train` section (`optimizer`, `lr`, `muon_lr`, `weight_decay`).
         joint_params: a jointly trained target's adapters (Medusa-2), at lr / 4 under AdamW.
         sharded: the run shards parameters (FSDP), so no process holds a whole matrix.
+        device: where the drafter trains (Muon's iteration dtype: `muon.newton_schulz_dtype`).
 
     Raises:
         DraftsmithError: Muon on sharded parameters.
@@ -102,8 +106,8 @@ def build_optimizer(drafter: nn.Module, cfg, joint_params: list[nn.Parameter] | 
     if not matrices:
         return adamw
     muon_lr = cfg.muon_lr if cfg.muon_lr is not None else MUON_LR_FACTOR * cfg.lr
-    muon = torch.optim.Muon(matrices, lr=muon_lr, momentum=MUON_MOMENTUM,
-                            weight_decay=MUON_WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
+    muon = Muon(matrices, ns_dtype=newton_schulz_dtype(device), lr=muon_lr, momentum=MUON_MOMENTUM,
+                weight_decay=MUON_WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
     if adamw is None:
         return muon
     return MuonWithAdamW(muon, adamw)

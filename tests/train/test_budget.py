@@ -66,6 +66,13 @@ def test_wsd_moves_its_stable_phase_until_the_decay_starts():
     assert wsd.anchor is None
 
 
+def test_a_budget_that_ends_in_the_stable_phase_decays_from_there():
+    wsd = StepSchedule(2, 100, "wsd", 0.2)
+    wsd.revise(50, 54)  # a decay from step 80 cannot fit: from 1.0 at 50 to zero at 54
+    assert wsd.anchor == (50, 0.0) and not wsd.revisable(51)
+    assert [wsd(s) for s in (50, 52, 54)] == [1.0, 0.5, 0.0]
+
+
 def test_past_the_fixed_point_a_revision_re_times_the_rest_of_the_decay():
     wsd = StepSchedule(0, 100, "wsd", 0.2)
     before = wsd(90)  # halfway down: 0.5
@@ -88,7 +95,10 @@ def test_revisions_move_the_total_only_for_a_real_change():
     assert revised_total(wsd, 10, 90, first=True, seconds_per_step=1, budget_seconds=100) == 90
     assert revised_total(wsd, 10, 98, False, 1, 100) is None  # 2 steps: within 2%
     assert revised_total(wsd, 10, 97, False, 1, 100) == 97
-    assert revised_total(wsd, 60, 40, False, 1, 100) == 76  # the decay cannot have started
+    # the budget ends before a decay could start: cut to it (decay re-timed), not stretched
+    assert revised_total(wsd, 60, 40, False, 1, 100) == 61
+    short = StepSchedule(0, 78, "wsd", 0.2)  # decays from step 62; at step 60 it could from 76
+    assert revised_total(short, 60, 75, False, 1, 100) is None  # 3 s early: within 5%, kept
     wsd.total = 70  # past its fixed point (decay from step 56): re-timed only past 5% of budget
     assert revised_total(wsd, 60, 74, False, 1, 100) is None  # would end 4 s late
     assert revised_total(wsd, 60, 76, False, 1, 100) == 76  # 6 s
