@@ -102,8 +102,9 @@ def check_run_target(folder: Path, target: dict) -> None:
 
 
 def done_shards(manifest: dict) -> set[int]:
-    """Indices of the shards already written."""
-    return {shard["index"] for shard in manifest["shards"]}
+    """Indices of the shards already written whole (a shard a budget cut, `partial`, is written
+    again whole by a run with room left)."""
+    return {shard["index"] for shard in manifest["shards"] if not shard.get("partial")}
 
 
 def record_shard(folder: Path, manifest: dict, entry: dict) -> None:

@@ -185,19 +185,81 @@ def test_ranks_and_shuffle_split_the_samples(setup, tmp_path):
     assert shuffled == ids(shuffle=True, seed=3)
 
 
-def test_time_budget_closes_the_cache_at_the_same_shard_on_every_run(setup, tmp_path, monkeypatch):
-    """data.cache.max_minutes: no new shard once the finished ones took the budget (faked clock:
-    each shard takes 60 s, the budget is 1.5 minutes, so two shards), and a rerun adds none."""
+def _batches_take(monkeypatch, seconds: float) -> None:
+    """A faked clock on which every target forward of the cache takes `seconds`."""
     import draftsmith.data.cache as cache_module
 
-    clock = iter(range(0, 100_000, 60))  # each reading 60 s later: a shard takes >= 60 s
-    monkeypatch.setattr(cache_module.time, "perf_counter", lambda: next(clock))
-    report = build(setup, tmp_path, max_minutes=1.5)
+    now = [0.0]
+    real = cache_module.extract_features
+
+    def timed(*args, **kwargs):
+        now[0] += seconds
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache_module, "extract_features", timed)
+    monkeypatch.setattr(cache_module.time, "perf_counter", lambda: now[0])
+
+
+def _batches_per_shard(samples, batch_size: int = 3) -> list[int]:
+    from draftsmith.data.batching import plan_batches
+
+    lengths = [len(s.input_ids) for s in samples]
+    return [len(plan_batches(lengths[a:b], batch_size, 8192))
+            for a, b in plan_shards(lengths, 400)]
+
+
+def test_time_budget_closes_the_cache_at_the_same_shard_on_every_run(setup, tmp_path, monkeypatch):
+    """data.cache.max_minutes: no new shard once the finished ones took the budget (every batch
+    takes 1 s; the budget holds two shards and 0.4 s), and a rerun adds none."""
+    batches = _batches_per_shard(setup[2])
+    assert len(batches) > 2
+    _batches_take(monkeypatch, 1.0)
+    budget = (batches[0] + batches[1] + 0.4) / 60
+    report = build(setup, tmp_path, max_minutes=budget)
     assert report.budget_reached and report.complete and report.shards_written == 2
     cache = FeatureCache.open(tmp_path)
     assert 0 < cache.num_samples < len(setup[2]) and not cache.complete
-    again = build(setup, tmp_path, max_minutes=1.5)
+    assert not any(s.get("partial") for s in cache.shards)
+    again = build(setup, tmp_path, max_minutes=budget)
     assert again.budget_reached and again.shards_written == 0
+
+
+def test_a_budget_shorter_than_a_shard_cuts_it_between_batches(setup, tmp_path, monkeypatch):
+    """One shard longer than the whole budget (Qwen2.5-1.5B in float32 on 2 AVX2 cores): the cache
+    stops between batches, keeps the samples whose batches ran (their features exact), marks the
+    shard partial, and a run with room writes it again whole."""
+    model, _, samples = setup
+    assert _batches_per_shard(samples, batch_size=1)[0] >= 2
+    _batches_take(monkeypatch, 60.0)
+    # one sample per batch: the first runs, the next would end 30 s past the 72 s budget
+    report = build(setup, tmp_path, max_minutes=1.2, batch_size=1)
+    assert report.budget_reached and report.shards_written == 1
+    cache = FeatureCache.open(tmp_path)
+    (entry,) = cache.shards
+    assert entry["partial"] and entry["seconds"] == 60.0 and cache.num_samples == 1
+    for sample_id, batch in _cached_samples(tmp_path):
+        sample = samples[sample_id]
+        assert batch["input_ids"].tolist() == sample.input_ids
+        ids = torch.tensor([sample.input_ids])
+        online = extract_features(model, ids, torch.ones_like(ids), [2])[hidden_key(2)][0]
+        assert torch.allclose(batch[hidden_key(2)], online, atol=1e-5)
+    monkeypatch.undo()
+    whole = build(setup, tmp_path)
+    assert whole.complete and FeatureCache.open(tmp_path).complete
+    assert not any(s.get("partial") for s in FeatureCache.open(tmp_path).shards)
+
+
+def _cached_samples(folder):
+    """(sample index, that sample's rows) of every cached sample, read from the shard files."""
+    from safetensors.torch import load_file
+
+    for shard in FeatureCache.open(folder).shards:
+        tensors = load_file(str(folder / shard["file"]))
+        offsets = [0, *tensors["lengths"].cumsum(0).tolist()]
+        for row, index in enumerate(tensors["sample_index"].tolist()):
+            part = slice(offsets[row], offsets[row + 1])
+            yield index, {"input_ids": tensors["input_ids"][part],
+                          hidden_key(2): tensors[hidden_key(2)][part].float()}
 
 
 def test_cache_records_the_targets_choices_and_the_vocab_counts_them(setup, tmp_path):
