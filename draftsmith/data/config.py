@@ -133,8 +133,9 @@ class CacheConfig:
     batch_size: int = 32  # at most this many sequences per target forward
     batch_tokens: int = 8192  # and at most rows * longest sequence tokens
     shard_tokens: int = 32768  # tokens per safetensors shard (whole sequences; may exceed it)
-    # wall-clock budget, as regenerate.max_minutes; the cache then holds the first
-    # conversations only and training reads those
+    # wall-clock budget, as regenerate.max_minutes, and also checked between a shard's batches
+    # (a shard that outlasts it is kept partial); the cache then holds the first conversations
+    # only and training reads those
     max_minutes: float | None = None
 
     def __post_init__(self):
