@@ -123,9 +123,37 @@ def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSetting
     with LlamaCppServer(gguf, parallel=1, ctx_per_slot=_context(prompts, settings),
                         threads=settings.threads, log_path=log_path, log=log, draft=draft,
                         metrics=True, device=settings.device) as server:
-        answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
-                   for ids in prompts]
+        try:
+            answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
+                       for ids in prompts]
+        except DraftsmithError as err:
+            raise engine_abort(err, log_path, gguf, draft) from None
         return EngineRun(answers, read_metrics(server.root_url))
+
+
+LAYER_INPUTS_MISSING = "layer input tensor is null"
+
+
+def engine_abort(err: DraftsmithError, log_path: Path, gguf: Path,
+                 draft: DraftOptions | None) -> DraftsmithError:
+    """The error of a llama.cpp server that died on a request: its own assertion from the log
+    where it wrote one, and what it means where it is known. llama.cpp's EAGLE-3 and DFlash
+    drafts read the target's layer inputs, which only some of its model graphs expose (its qwen2
+    graph in xllamacpp 2026.10.11549 does not: the first drafted request aborts)."""
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    asserts = [line.strip() for line in text.splitlines() if "GGML_ASSERT" in line]
+    if not asserts:
+        return err
+    message = f"llama.cpp aborted serving {gguf.name}: {asserts[0]} (log: {log_path})"
+    if LAYER_INPUTS_MISSING in asserts[0] and draft is not None:
+        from draftsmith.export.gguf import gguf_fields
+
+        arch = gguf_fields(gguf).get("general.architecture", "this target's")
+        message += (f". This llama.cpp build's `{arch}` graph does not expose the layer inputs a "
+                    f"{draft.spec_type} draft reads, so it cannot serve this drafter against "
+                    "this target (its llama graph, SmolLM2's, does). Serve it in vLLM instead "
+                    "(`--engine vllm`), or check a drafter for a target whose graph exposes them")
+    return DraftsmithError(message)
 
 
 def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSettings,
