@@ -57,7 +57,7 @@ def adjusted_lr(lr: float, rule: str | None, shape: torch.Size) -> float:
 class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):  # torch < 2.9: refused earlier
     """`torch.optim.Muon` with the orthogonalisation in `ns_dtype` (see the module docstring)."""
 
-    def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
+    def __init__(self, params, *, ns_dtype: torch.dtype, **kwargs):
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
 

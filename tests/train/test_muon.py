@@ -34,7 +34,7 @@ def test_in_bfloat16_it_is_torch_s_muon_bit_for_bit():
 def test_in_float32_the_update_is_the_same_orthogonalisation():
     ours, _ = _steps(Muon, ns_dtype=torch.float32)
     theirs, _ = _steps(torch.optim.Muon)
-    start = _steps(Muon, steps=0)[0]
+    start = _steps(Muon, steps=0, ns_dtype=torch.float32)[0]
     for a, b, p0 in zip(ours, theirs, start, strict=True):
         moved_a, moved_b = (a - p0).detach(), (b - p0).detach()
         assert a.dtype == torch.float32 and moved_a.abs().max() > 0.01
