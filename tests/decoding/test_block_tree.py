@@ -44,3 +44,19 @@ def test_best_first_tree_stops_at_the_tree_s_size():
     logprobs = torch.log_softmax(torch.randn(2, 5), -1)
     tree = best_first_tree(1, logprobs, 100, topk=2)
     assert tree.size == 1 + 2 + 4  # two positions of two ranks each
+
+
+def test_a_draft_vocabulary_s_columns_give_the_target_vocabulary_s_tree():
+    """Decoding ranks a draft vocabulary's Vd columns and maps them to target ids: the same nodes,
+    tokens and scores as ranking the target's V columns (-inf outside the draft vocabulary)."""
+    generator = torch.Generator().manual_seed(4)
+    kept = torch.randperm(50, generator=generator)[:12].sort().values  # target ids of 12 columns
+    draft = torch.log_softmax(2 * torch.randn(3, 12, generator=generator), -1)
+    full = draft.new_full((3, 50), float("-inf"))
+    full[:, kept] = draft
+    by_columns = best_first_tree(9, draft, 8, topk=3, token_ids=kept)
+    by_target = best_first_tree(9, full, 8, topk=3)
+    assert by_columns.tokens.tolist() == by_target.tokens.tolist()
+    assert by_columns.parents.tolist() == by_target.parents.tolist()
+    assert torch.equal(by_columns.scores, by_target.scores)
+    assert set(by_columns.tokens[1:].tolist()) <= set(kept.tolist())

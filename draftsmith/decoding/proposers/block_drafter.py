@@ -22,7 +22,8 @@ from draftsmith.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from draftsmith.decoding.tree import Tree, chain_tree, root_only_tree, tree_from_lists
 
 
-def best_first_tree(root: int, logprobs: torch.Tensor, budget: int, topk: int) -> Tree:
+def best_first_tree(root: int, logprobs: torch.Tensor, budget: int, topk: int,
+                    token_ids: torch.Tensor | None = None) -> Tree:
     """DDTree: the `budget` most probable nodes of the tree whose depth-d children are the top-k
     tokens of position d, scoring a path by the sum of its log-probabilities (positions
     independent). A heap pops the best node and pushes its next sibling and its first child, so
@@ -33,10 +34,13 @@ def best_first_tree(root: int, logprobs: torch.Tensor, budget: int, topk: int) -
         logprobs: (D, V) per-position log-probabilities of the block's proposals.
         budget: draft nodes (root excluded).
         topk: children kept per position.
+        token_ids: the token id of each of `logprobs`' columns (a draft vocabulary's target ids);
+            None = the column is the id.
     """
     depth_count = logprobs.shape[0]
     top = logprobs.float().topk(min(topk, logprobs.shape[1]), dim=-1)
-    values, indices = top.values.tolist(), top.indices.tolist()  # one host read
+    chosen = top.indices if token_ids is None else token_ids[top.indices]
+    values, indices = top.values.tolist(), chosen.tolist()  # one host read
     tokens, parents, depths, scores = [root], [-1], [0], [0.0]
     heap = [(-values[0][0], 0, 0, 0)]  # (-score, depth, rank, parent node)
     while heap and len(tokens) <= budget:
@@ -115,17 +119,21 @@ class BlockDrafterProposer:
             return self._chain(root, anchor, hidden[:depth])
         if self.markov:
             return self._markov_tree(root, hidden[:depth])
-        logprobs = torch.log_softmax(self.drafter.logits(hidden[:depth]), -1)
+        # over the head's own columns: a draft vocabulary's Vd, not the target's V
+        logprobs = torch.log_softmax(self.drafter.draft_logits(hidden[:depth]), -1)
         return best_first_tree(root, logprobs, self.tree.dynamic.total_tokens,
-                               self.tree.dynamic.topk)
+                               self.tree.dynamic.topk, self.drafter.draft_ids())
 
     def _chain(self, root: int, anchor: torch.Tensor, hidden: torch.Tensor) -> Tree:
         if not self.markov:
-            logits = self.drafter.logits(hidden)  # (D, V)
-            if self.sampling is None:
-                drafts = logits.argmax(-1)
+            if self.sampling is None:  # top-1 over the head's own columns (Vd with a draft vocab)
+                logits = self.drafter.draft_logits(hidden)
+                columns = logits.argmax(-1)
+                ids = self.drafter.draft_ids()
+                drafts = columns if ids is None else ids[columns]
                 return self._scored(chain_tree(root, drafts.tolist(), device=logits.device),
-                                    logits, drafts)
+                                    logits, columns)
+            logits = self.drafter.logits(hidden)  # (D, V): rejection sampling reads all of V
             probs = logits_to_probs(logits, self.sampling)
             drafts = torch.cat([sample_token(row, self.generator) for row in probs])
             return self._scored(chain_tree(root, drafts.tolist(), probs), logits, drafts)
@@ -154,11 +162,12 @@ class BlockDrafterProposer:
         return self._scored(chain_tree(root, drafts[:keep].tolist(), probs, device=drafts.device),
                             torch.stack(row_logits[:keep]), drafts[:keep])
 
-    def _scored(self, tree: Tree, logits: torch.Tensor, drafts: torch.Tensor) -> Tree:
+    def _scored(self, tree: Tree, logits: torch.Tensor, columns: torch.Tensor) -> Tree:
         """The chain with its nodes' path log-probabilities under the drafter (root 0) when
-        `record_scores` is set: what the autotuner prices block lengths by."""
+        `record_scores` is set: what the autotuner prices block lengths by. `columns`: each
+        draft's column in `logits`."""
         if self.record_scores:
-            chosen = torch.log_softmax(logits.float(), -1).gather(1, drafts.view(-1, 1))[:, 0]
+            chosen = torch.log_softmax(logits.float(), -1).gather(1, columns.view(-1, 1))[:, 0]
             tree.scores = torch.cat([chosen.new_zeros(1), chosen.cumsum(0)])
         return tree
 
