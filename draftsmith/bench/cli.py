@@ -38,14 +38,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise DraftsmithError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
     # all checked before any work
     configs = [load_bench_config(path, args.device) for path in args.config]
-    benches = []
+    benches, measured = [], set()
     for config in configs:
         path = run_bench(config, stages)
-        benches.append((json.loads(path.read_text()), Path(config.out_dir)))
+        bench = json.loads(path.read_text())
+        name = config.name or config.target
+        if not (bench.get("eval") or bench.get("passes")):
+            # a data, train or engine stage alone: the committed results stay (replacing them
+            # would delete every evaluation file of the last full run)
+            print(f"{name}: no evaluation results in {config.out_dir} yet, so BENCHMARKS.md and "
+                  f"benchmarks/{name}/ keep the committed run (add `eval` to --stages to replace "
+                  "them)")
+            continue
+        benches.append((bench, Path(config.out_dir)))
+        measured.add(name)
     command = "bash scripts/bench.sh"
     preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
                 "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
-    benches += earlier_benches({config.name or config.target for config in configs})
+    benches += earlier_benches(measured)
     others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))
     out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble,
                            Path("benchmarks/machine/verify_cost.json"), others)

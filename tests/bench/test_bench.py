@@ -402,6 +402,34 @@ def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path,
     assert "### Training" in "\n".join(lines[at:])
 
 
+def test_a_run_without_evaluation_keeps_the_committed_results(tmp_path, monkeypatch, capsys):
+    """`--stages data` (or train, engine) publishes nothing over the last full run's files."""
+    import draftsmith.bench.run as bench_run
+
+    config = write_configs(tmp_path)
+    committed = tmp_path / "benchmarks" / NAME
+    committed.mkdir(parents=True)
+    (committed / "bench.json").write_bytes((ROOT / "benchmarks" / NAME / "bench.json").read_bytes())
+    (committed / "eval_t0.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+
+    def data_only(bench_config, stages):
+        assert stages == ("data",)
+        path = tmp_path / "run" / "bench.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": {"target": NAME}, "data": None, "training": {},
+                                    "curves": {}, "eval": {}, "passes": {}, "engines": {}}))
+        return path
+
+    monkeypatch.setattr(bench_run, "run_bench", data_only)
+    assert main(["bench", "--config", str(config), "--stages", "data"]) == 0
+    assert "keep the committed run (add `eval` to --stages" in capsys.readouterr().out
+    assert (committed / "eval_t0.json").is_file()
+    assert json.loads((committed / "bench.json").read_text())["eval"]  # not the data-only payload
+    lines = (tmp_path / "BENCHMARKS.md").read_text().splitlines()
+    assert lines[lines.index(f"## {NAME}") + 4].startswith("*Kept from an earlier run*")
+
+
 def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
     from draftsmith.bench.report_findings import bars
 
