@@ -1,10 +1,11 @@
 """Training ablation at equal wall-clock (EAGLE-3 by default, any bench entry with `--kind`, e.g.
 dflash): the benchmark's recipe of that entry and its data trained once per arm (baseline,
-EAGLE-3.1, each loss, D-PACE, Muon) for the same `train.max_minutes`, held-out accuracy at draft
-positions 1-3 and simulated tau, then the best `--eval-best` arms and the baseline decoded side
-by side in one greedy run of the benchmark's evaluation (its prompt sets, limit, tokens and
-dynamic tree): tau and speedup. All written to one JSON file (a benchmark, not a
-test; run it on an otherwise idle machine: the arms share its clock).
+EAGLE-3.1, each loss, D-PACE, Muon; a block drafter's anchors per sequence) for the same
+`train.max_minutes`, held-out accuracy at draft positions 1-3 and simulated tau, then the best
+`--eval-best` arms and the baseline decoded side by side in one greedy run of the benchmark's
+evaluation (its prompt sets, limit, tokens and dynamic tree): tau and speedup. All written to one
+JSON file (a benchmark, not a test; run it on an otherwise idle machine: the arms share its
+clock).
 
     .venv/bin/python scripts/bench_ablation.py --minutes 7 \
         --out benchmarks/ablation/smollm2-135m-eagle3.json [--arms baseline,muon] [--eval-best 2] \
@@ -52,6 +53,10 @@ ARMS = {
     "ce+tv": ["drafter.loss={ce: 0.1, tv: 0.9}"],
     "ce+dpace": ["drafter.loss=ce", "drafter.position_weights=dpace"],
     "muon": ["train.optimizer=muon"],
+    # block drafters: blocks per sequence, so trained rows per cached feature against steps (48
+    # blocks of 8 cover a 384-token sequence once; a step's cost grows with the blocks)
+    "anchors16": ["drafter.anchors_per_sequence=16"],
+    "anchors48": ["drafter.anchors_per_sequence=48"],
 }
 POSITIONS = 3  # acc@1..3: the first three draft positions
 
