@@ -33,6 +33,7 @@ from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import (
     check_same_run,
     find_resume_checkpoint,
+    flatten_settings,
     load_checkpoint,
     read_progress,
     run_record,
@@ -277,14 +278,34 @@ def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
 
 
 def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
-    """OUTPUT_DIR/drafter when it holds a drafter trained by this very recipe, else None."""
+    """OUTPUT_DIR/drafter when it holds a drafter trained by this very recipe; None when it holds
+    no finished drafter.
+
+    Raises:
+        DraftsmithError: it holds one trained by another recipe, which a run here would overwrite
+            (its weights and its metrics.jsonl), naming the settings that differ.
+    """
     path = out_dir / "drafter" / "draftsmith_drafter.json"
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    same = json.loads(json.dumps(recipe.to_dict(), default=str)) == meta.get("recipe")
-    return path.parent if same else None
+    now, then = json.loads(json.dumps(recipe.to_dict(), default=str)), meta.get("recipe")
+    if now == then:
+        return path.parent
+    if not isinstance(then, dict):
+        return None  # written before drafters recorded their recipe
+    flat_now, flat_then = flatten_settings(now), flatten_settings(then)
+    changed = [key for key in sorted(set(flat_now) | set(flat_then))
+               if flat_now.get(key, "(unset)") != flat_then.get(key, "(unset)")]
+    shown = "; ".join(f"{key}={flat_now.get(key, '(unset)')} here but "
+                      f"{flat_then.get(key, '(unset)')} there" for key in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise DraftsmithError(
+        f"{path.parent} holds a drafter trained by another recipe ({shown}{more}); training here "
+        "would overwrite it and its metrics.jsonl: set another train.output_dir, or delete "
+        f"{out_dir} to train this recipe there")
+
 
 
 def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule, step: int,

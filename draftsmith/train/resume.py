@@ -60,18 +60,19 @@ def run_record(recipe, target, data: dict, num_processes: int) -> dict:
     from draftsmith.data.identity import config_sha256, weights_sha256
 
     settings = json.loads(json.dumps(recipe.to_dict(), default=str))
-    return {"settings": _flatten(settings),
+    return {"settings": flatten_settings(settings),
             "target": {"name": recipe.target.name, "config_sha256": config_sha256(target.config),
                        "weights_sha256": weights_sha256(target)},
             "data": data,
             "num_processes": num_processes}
 
 
-def _flatten(values: dict, prefix: str = "") -> dict:
+def flatten_settings(values: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}: nested settings as dotted keys."""
     flat = {}
     for key, value in values.items():
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_settings(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -83,7 +84,7 @@ def _train_defaults() -> dict:
 
     from draftsmith.train.recipe import TrainSection
 
-    return _flatten(json.loads(json.dumps({"train": asdict(TrainSection())}, default=str)))
+    return flatten_settings(json.loads(json.dumps({"train": asdict(TrainSection())}, default=str)))
 
 
 def find_resume_checkpoint(accelerator, out_dir: Path) -> Path | None:

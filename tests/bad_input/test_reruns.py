@@ -1,6 +1,7 @@
 """Running a command again never silently redoes or mixes work (issue #18): a data run whose
 out_dir holds another target's regeneration or cache is refused before tokenized.jsonl is
-rewritten; a resumed training run keeps one metrics row per step; a finished run is not retrained."""
+rewritten; a resumed training run keeps one metrics row per step; a finished run is not retrained,
+and another recipe is refused a folder holding a finished drafter."""
 
 from __future__ import annotations
 
@@ -73,5 +74,15 @@ def test_resumed_training_keeps_one_row_per_step_and_a_finished_run_is_not_retra
     result = run_cli(["train", "--config", str(recipe)])
     assert result.returncode == 0
     assert "is already trained by this recipe" in result.stderr
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert (run / "drafter" / "model.safetensors").stat().st_mtime_ns == weights
+
+    # another recipe in the same folder would overwrite the drafter and its log: refused
+    changed = yaml.safe_load(recipe.read_text())
+    changed["train"]["lr"] = 1e-2
+    recipe.write_text(yaml.safe_dump(changed))
+    result = run_cli(["train", "--config", str(recipe)])
+    assert_refused(result, "holds a drafter trained by another recipe", "train.lr=0.01 here",
+                   "set another train.output_dir")
     assert (run / "metrics.jsonl").read_text() == metrics
     assert (run / "drafter" / "model.safetensors").stat().st_mtime_ns == weights
