@@ -31,6 +31,7 @@ from draftsmith.train.metrics import MetricsLog, simulated_tau
 from draftsmith.train.optimizers import build_optimizer
 from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import (
+    changed_settings,
     check_same_run,
     find_resume_checkpoint,
     flatten_settings,
@@ -38,6 +39,7 @@ from draftsmith.train.resume import (
     read_progress,
     run_record,
     scheduler_state,
+    setting_differences,
 )
 from draftsmith.train.target_parts import gathered, holds_whole, local_numel
 
@@ -295,17 +297,14 @@ def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
         return path.parent
     if not isinstance(then, dict):
         return None  # written before drafters recorded their recipe
-    flat_now, flat_then = flatten_settings(now), flatten_settings(then)
-    changed = [key for key in sorted(set(flat_now) | set(flat_then))
-               if flat_now.get(key, "(unset)") != flat_then.get(key, "(unset)")]
-    shown = "; ".join(f"{key}={flat_now.get(key, '(unset)')} here but "
-                      f"{flat_then.get(key, '(unset)')} there" for key in changed[:4])
+    then, now = flatten_settings(then), flatten_settings(now)
+    changed = changed_settings(then, now)
+    shown = setting_differences(then, now, changed[:4], "there")
     more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
     raise DraftsmithError(
         f"{path.parent} holds a drafter trained by another recipe ({shown}{more}); training here "
         "would overwrite it and its metrics.jsonl: set another train.output_dir, or delete "
         f"{out_dir} to train this recipe there")
-
 
 
 def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule, step: int,

@@ -154,11 +154,9 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
     missing = "(unset)"
     # a train setting added since that run was written counts as its default there
     then = {**{k: v for k, v in _train_defaults().items() if k in now}, **then}
-    changed = [key for key in sorted(set(then) | set(now)) if key not in FREE_SETTINGS
-               and then.get(key, missing) != now.get(key, missing)]
+    changed = [key for key in changed_settings(then, now) if key not in FREE_SETTINGS]
     if changed:
-        differences = "; ".join(f"{key}={_show(now.get(key, missing))} here but "
-                                f"{_show(then.get(key, missing))} in that run" for key in changed)
+        differences = setting_differences(then, now, changed, "in that run")
         back = " ".join(f"{key}={_show(then.get(key, missing))}" for key in changed)
         note = (" (a run's learning-rate schedule is fixed by its total steps when it starts)"
                 if "train.max_steps" in changed else "")
@@ -185,6 +183,19 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
             f"one has {record['num_processes']}: the global batch and the data position depend on "
             f"it; launch with --num_processes {saved.get('num_processes')} to resume it, "
             f"{new_run}")
+
+
+def changed_settings(then: dict, now: dict) -> list[str]:
+    """The dotted keys whose values differ between two flattened settings (a key one lacks
+    counts as unset there)."""
+    return [key for key in sorted(set(then) | set(now))
+            if then.get(key, "(unset)") != now.get(key, "(unset)")]
+
+
+def setting_differences(then: dict, now: dict, keys: list[str], there: str) -> str:
+    """`key=NOW here but THEN <there>; ...` for `keys` of two flattened settings."""
+    return "; ".join(f"{key}={_show(now.get(key, '(unset)'))} here but "
+                     f"{_show(then.get(key, '(unset)'))} {there}" for key in keys)
 
 
 def _show(value) -> str:

@@ -87,9 +87,11 @@ class BlockDrafterProposer:
         self.context = None
         self.length = 0
         self.pending: torch.Tensor | None = None
+        self.token_ids: torch.Tensor | None = None
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
         self.context, self.length = None, 0
+        self.token_ids = self.drafter.draft_ids()  # target id of each head column, once per prompt
         self.pending = (self.drafter.target_feature(
             target_out.last_hidden, target_out.hidden_states, slice(None)) if context else None)
 
@@ -122,15 +124,14 @@ class BlockDrafterProposer:
         # over the head's own columns: a draft vocabulary's Vd, not the target's V
         logprobs = torch.log_softmax(self.drafter.draft_logits(hidden[:depth]), -1)
         return best_first_tree(root, logprobs, self.tree.dynamic.total_tokens,
-                               self.tree.dynamic.topk, self.drafter.draft_ids())
+                               self.tree.dynamic.topk, self.token_ids)
 
     def _chain(self, root: int, anchor: torch.Tensor, hidden: torch.Tensor) -> Tree:
         if not self.markov:
             if self.sampling is None:  # top-1 over the head's own columns (Vd with a draft vocab)
                 logits = self.drafter.draft_logits(hidden)
                 columns = logits.argmax(-1)
-                ids = self.drafter.draft_ids()
-                drafts = columns if ids is None else ids[columns]
+                drafts = columns if self.token_ids is None else self.token_ids[columns]
                 return self._scored(chain_tree(root, drafts.tolist(), device=logits.device),
                                     logits, columns)
             logits = self.drafter.logits(hidden)  # (D, V): rejection sampling reads all of V
