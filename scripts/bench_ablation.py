@@ -57,6 +57,13 @@ ARMS = {
     # blocks of 8 cover a 384-token sequence once; a step's cost grows with the blocks)
     "anchors16": ["drafter.anchors_per_sequence=16"],
     "anchors48": ["drafter.anchors_per_sequence=48"],
+    # block length: block 4 trains 3 proposals per block (the autotuned trees decode 2-3 deep on
+    # a CPU), so twice the blocks (depth-1 examples) for the same rows as 32 blocks of 8
+    "block4": ["drafter.block_size=4", "drafter.anchors_per_sequence=64"],
+    "block4x128": ["drafter.block_size=4", "drafter.anchors_per_sequence=128"],
+    "block4x32": ["drafter.block_size=4", "drafter.anchors_per_sequence=32"],
+    # one draft layer (EAGLE-3's depth): half the drafter's forward, in training and decoding
+    "block4l1": ["drafter.block_size=4", "drafter.anchors_per_sequence=64", "drafter.num_layers=1"],
 }
 POSITIONS = 3  # acc@1..3: the first three draft positions
 

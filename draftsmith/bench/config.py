@@ -173,6 +173,10 @@ class BenchConfig:
         eval: the evaluation.
         bars: method -> minimum mean tau at temperature 0 (checked in the report).
         speedup_bar: minimum best speedup at temperature 0.
+        relative_bars: one method against another at temperature 0, each `{method, metric, than,
+            factor}`: metric `speedup` (met when method's > factor x than's) or `draft_share` (the
+            share of decode time spent drafting; met when method's <= factor x than's); factor
+            defaults to 1.
         expected_order: methods from highest to lowest tau as the literature orders them; the
             report checks the measured order against it.
         engine: the engine checks (`bench/engine_stage.py`), one or a list: a drafter's label
@@ -197,6 +201,7 @@ class BenchConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     bars: dict = field(default_factory=dict)
     speedup_bar: float | None = None
+    relative_bars: list = field(default_factory=list)
     expected_order: list[str] = field(default_factory=list)  # methods by tau, per the literature
     engine: dict | list = field(default_factory=dict)  # one check or a list (ENGINE_KEYS)
     device: str = "auto"
@@ -283,6 +288,7 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "
                                   f"({', '.join(sorted(labels))})")
+    _check_relative_bars(config, path)
     passes = [m for spec in evaluation.passes.values() for m in spec["methods"]]
     for method in passes:
         label = split_method(method)[1]
@@ -302,6 +308,38 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
         message = str(err).replace("add --draft-model", "set eval.draft_model")
         raise DraftsmithError(f"{path}: eval.methods: {message}") from None
     return config
+
+
+RELATIVE_METRICS = ("speedup", "draft_share")  # higher is better / lower is better
+
+
+def _check_relative_bars(config: BenchConfig, path) -> None:
+    """Each `relative_bars` entry compares two eval methods by a known metric and a factor > 0.
+
+    Raises:
+        DraftsmithError: naming the entry, what is wrong and an example.
+    """
+    example = ("e.g. relative_bars: [{method: drafter_dynamic@dflash, metric: speedup, "
+               "than: drafter_dynamic@eagle3}, {method: drafter_dynamic@dflash, metric: "
+               "draft_share, than: drafter_dynamic@eagle3, factor: 0.333}]")
+    if not isinstance(config.relative_bars, list):
+        raise DraftsmithError(f"{path}: relative_bars = {config.relative_bars!r} must be a list; "
+                              f"{example}")
+    for i, bar in enumerate(config.relative_bars):
+        where = f"{path}: relative_bars[{i}] = {bar!r}"
+        if not isinstance(bar, dict) or set(bar) - {"method", "metric", "than", "factor"} or \
+                not {"method", "metric", "than"} <= set(bar):
+            raise DraftsmithError(f"{where}: give method, metric, than and optionally factor; "
+                                  f"{example}")
+        if bar["metric"] not in RELATIVE_METRICS:
+            raise DraftsmithError(f"{where}: metric must be one of {', '.join(RELATIVE_METRICS)}")
+        for key in ("method", "than"):
+            if bar[key] not in config.eval.methods:
+                raise DraftsmithError(f"{where}: {key} {bar[key]!r} is not one of the eval "
+                                      "methods")
+        factor = bar.get("factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+            raise DraftsmithError(f"{where}: factor must be a number > 0")
 
 
 ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines", "outtypes"}

@@ -4,7 +4,13 @@ tau order against the literature's, and what the measurements say limits each dr
 from __future__ import annotations
 
 from draftsmith.bench.report_sections import fmt as _fmt
-from draftsmith.bench.report_stats import depth_rates, method_names, set_mean, step_ms
+from draftsmith.bench.report_stats import (
+    depth_rates,
+    draft_share,
+    method_names,
+    set_mean,
+    step_ms,
+)
 from draftsmith.eval.methods import split_method
 
 
@@ -53,7 +59,33 @@ def bars(bench: dict) -> tuple[list[str], list[str]]:
         if not ok and got is not None:
             missed.append(f"best trained-drafter speedup {got:.2f}x misses {need}x by "
                           f"{need - got:.2f}x.")
+    for bar in cfg.get("relative_bars") or []:
+        line, miss = _relative_bar(summary, names, bar)
+        lines.append(line)
+        missed += [miss] if miss else []
     return lines, missed
+
+
+def _relative_bar(summary: dict, names: dict, bar: dict) -> tuple[str, str | None]:
+    """One `relative_bars` row (speedup: above factor x the other's; draft share: at most) and
+    its missed line, if missed."""
+    method, than, factor = bar["method"], bar["than"], bar.get("factor", 1.0)
+    if bar["metric"] == "speedup":
+        mine, theirs = set_mean(summary, method, "speedup"), set_mean(summary, than, "speedup")
+        label, rule, show = "speedup", ">", lambda v: f"{_fmt(v)}x"
+    else:
+        mine, theirs = draft_share(summary, method), draft_share(summary, than)
+        label, rule, show = "draft-time share", "<=", lambda v: _fmt(v, ".1%")
+    times = "" if factor == 1 else f"{factor:g} x "
+    what = f"{names.get(method, method)} {label} {rule} {times}{names.get(than, than)}'s"
+    if mine is None or theirs is None:
+        return f"| {what} | – | – | not measured |", None
+    need = factor * theirs
+    ok = mine > need if rule == ">" else mine <= need
+    line = f"| {what} | {rule} {show(need)} | {show(mine)} | {'met' if ok else 'missed'} |"
+    miss = None if ok else (f"{names.get(method, method)}: {label} {show(mine)} against "
+                            f"{times}{names.get(than, than)}'s {show(theirs)}.")
+    return line, miss
 
 
 def ordering(bench: dict) -> list[str]:

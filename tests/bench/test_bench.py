@@ -103,6 +103,13 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     ({"kinds": {"eagle1": {"recipe": "no/such.yaml"}}}, "no/such.yaml, which does not exist"),
     ({"budget_minutes": 0}, "budget_minutes must be > 0"),
     ({"colour": 1}, "unknown key"),
+    ({"relative_bars": [{"method": "drafter_dynamic@eagle1", "metric": "tau",
+                         "than": "prompt_lookup"}]}, "metric must be one of speedup, draft_share"),
+    ({"relative_bars": [{"method": "drafter@mtp", "metric": "speedup",
+                         "than": "prompt_lookup"}]}, "method 'drafter@mtp' is not one of the eval"),
+    ({"relative_bars": [{"method": "prompt_lookup", "metric": "speedup", "than": "prompt_lookup",
+                         "factor": 0}]}, "factor must be a number > 0"),
+    ({"relative_bars": {"method": "prompt_lookup"}}, "must be a list; e.g. relative_bars"),
 ])
 def test_bad_bench_configs_are_clear_errors(tmp_path, overrides, message):
     with pytest.raises(DraftsmithError, match=message):
@@ -444,6 +451,32 @@ def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
     assert "| best trained drafter faster than prompt lookup | > 1.40x | 1.10x | missed |" in lines
     assert "| EAGLE-3 + prompt lookup faster than prompt lookup | > 1.40x | 1.50x | met |" in lines
     assert missed == ["best trained-drafter speedup 1.10x misses 1.6x by 0.50x."]
+
+
+def test_relative_bars_compare_one_method_with_another():
+    from draftsmith.bench.report_findings import bars
+
+    def row(speedup, draft):
+        return {"speedup": speedup, "time_split": {"draft": draft}}
+
+    rows = {"plain": row(1.0, 0.0), "drafter_dynamic@eagle3": row(1.2, 0.12),
+            "drafter_dynamic@dflash": row(1.25, 0.05), "drafter_chain@dflash": row(0.9, 0.03)}
+    names = {"drafter_dynamic@eagle3": "EAGLE-3", "drafter_dynamic@dflash": "DFlash",
+             "drafter_chain@dflash": "DFlash chain"}
+    relative = [
+        {"method": "drafter_dynamic@dflash", "metric": "speedup", "than": "drafter_dynamic@eagle3"},
+        {"method": "drafter_chain@dflash", "metric": "speedup", "than": "drafter_dynamic@eagle3"},
+        {"method": "drafter_dynamic@dflash", "metric": "draft_share",
+         "than": "drafter_dynamic@eagle3", "factor": 0.333}]
+    bench = {"config": {"relative_bars": relative, "eval": {"methods": names}},
+             "eval": {"0": {"summary": {"gsm8k": rows, "all": rows}}}}
+    lines, missed = bars(bench)
+    assert lines[2:] == [
+        "| DFlash speedup > EAGLE-3's | > 1.20x | 1.25x | met |",
+        "| DFlash chain speedup > EAGLE-3's | > 1.20x | 0.90x | missed |",
+        "| DFlash draft-time share <= 0.333 x EAGLE-3's | <= 4.0% | 5.0% | missed |"]
+    assert missed == ["DFlash chain: speedup 0.90x against EAGLE-3's 1.20x.",
+                      "DFlash: draft-time share 5.0% against 0.333 x EAGLE-3's 12.0%."]
 
 
 def test_a_training_log_with_a_torn_last_line_is_read_without_it(tmp_path, capsys):
