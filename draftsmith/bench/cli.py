@@ -52,10 +52,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             continue
         benches.append((bench, Path(config.out_dir)))
         measured.add(name)
-    command = "bash scripts/bench.sh"
-    preamble = [f"Reproduce: `{command}` (resumable; each stage skips finished work). "
-                "Per-target configs: " + ", ".join(f"`{c.path}`" for c in configs) + "."]
     benches += earlier_benches(measured)
+    # every section's config, this run's and those kept from earlier runs
+    paths = dict.fromkeys([*(c.path for c in configs),
+                           *(b["config"].get("path") for b, _ in benches)])
+    preamble = ["Reproduce: `bash scripts/bench.sh` (resumable; each stage skips finished work). "
+                "Per-target configs: " + ", ".join(f"`{p}`" for p in paths if p) + "."]
     others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))
     out = write_benchmarks(benches, Path(args.report), Path("benchmarks/overhead.json"), preamble,
                            Path("benchmarks/machine/verify_cost.json"), others)

@@ -435,6 +435,8 @@ def test_a_run_without_evaluation_keeps_the_committed_results(tmp_path, monkeypa
     assert json.loads((committed / "bench.json").read_text())["eval"]  # not the data-only payload
     lines = (tmp_path / "BENCHMARKS.md").read_text().splitlines()
     assert lines[lines.index(f"## {NAME}") + 4].startswith("*Kept from an earlier run*")
+    # the preamble names the kept section's config too, not only this run's
+    assert "`recipes/bench/smollm2-135m.yaml`" in next(x for x in lines if "Per-target" in x)
 
 
 def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
