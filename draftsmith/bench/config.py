@@ -342,7 +342,8 @@ def _check_relative_bars(config: BenchConfig, path) -> None:
             raise DraftsmithError(f"{where}: factor must be a number > 0")
 
 
-ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines", "outtypes"}
+ENGINE_KEYS = {"drafter", "draft_max", "limit", "max_new_tokens", "engines", "outtypes",
+               "target_outtype"}
 
 
 def _check_engine(config: BenchConfig, path) -> None:
@@ -368,6 +369,11 @@ def _check_one_engine(config: BenchConfig, spec, path) -> None:
             len(set(outtypes)) < len(outtypes):
         raise DraftsmithError(f"{path}: engine.outtypes = {outtypes!r}: distinct draft GGUF types "
                               f"among {', '.join(OUTTYPES)}; {hint}")
+    target_outtype = spec.get("target_outtype")
+    if target_outtype is not None and target_outtype not in OUTTYPES:
+        raise DraftsmithError(f"{path}: engine.target_outtype = {target_outtype!r}: one of "
+                              f"{', '.join(OUTTYPES)} (llama.cpp serves the target's folder "
+                              "converted to it; f32: the weights the loop decodes); {hint}")
     engines = spec.get("engines", ["llama.cpp"])
     if not isinstance(engines, list) or not engines or set(engines) - set(ENGINES):
         raise DraftsmithError(f"{path}: engine.engines = {engines!r}: a list of "

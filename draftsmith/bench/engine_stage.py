@@ -79,7 +79,9 @@ def _check_one(config: BenchConfig, spec: dict, engine: str, log) -> dict:
                                                           config.eval.max_new_tokens),
                                   loop=True, engine=engine, device=config.compute_device(),
                                   draft_outtypes=tuple(spec.get("outtypes", ["f32"]))
-                                  if engine == "llama.cpp" else ("f32",))
+                                  if engine == "llama.cpp" else ("f32",),
+                                  target_outtype=spec.get("target_outtype")
+                                  if engine == "llama.cpp" else None)
     log(f"engine check: {spec['drafter']} in {engine}, {len(prompts)} prompts")
     try:
         return run_serve_check(export, config.target, prompts, folder, settings, log=log)

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from draftsmith.registry import get_spec
+from draftsmith.serving.serve_check import near_tie_note
 
 
 def fmt(value, spec: str = ".2f", none: str = "–") -> str:
@@ -130,7 +131,13 @@ def _engine_table(name: str, check: dict) -> list[str]:
     table = [f"{'':44} {name.split(' in ')[-1]:>10} {'draftsmith loop':>16}",
              *[f"{row:44} {a:>10} {b:>16}" for row, a, b in rows]]
     answers = loop.get("same_answer_as_engine")
-    if check.get("target_gguf"):
+    if check.get("target_gguf") and check.get("target_outtype"):
+        served = (f"converted by llama.cpp's own converter and served with `--spec-type "
+                  f"{check['spec_type']}` on the target's folder converted by the same converter "
+                  f"to GGUF in {check['target_outtype']} (the weights the loop decodes)")
+        precision = "both compute the same weights; near-ties may still flip between kernels"
+        timing = "the engine's own decode timings"
+    elif check.get("target_gguf"):
         served = (f"converted by llama.cpp's own converter and served with `--spec-type "
                   f"{check['spec_type']}` on the target's GGUF ({Path(check['target_gguf']).name}, "
                   "which the engine computes in its quantized form)")
@@ -154,6 +161,7 @@ def _engine_table(name: str, check: dict) -> list[str]:
             "decodes the same prompts in float32 with the same drafter and chain length.", "",
             "```", *table, "```", "",
             f"Engine output with the draft identical to its plain decoding: {same}/{total}"
+            + near_tie_note(check.get("records", []))
             + (f"; the loop's answers equal to the engine's: {answers[0]}/{answers[1]} "
                f"({precision})" if answers else "")
             + f". Check {'passed' if check.get('passed') else 'FAILED'}.", "",

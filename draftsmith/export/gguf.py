@@ -224,3 +224,31 @@ def convert_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str 
         partial.replace(out)
     log(f"draft GGUF {out} ({arch}, {outtype}, target layers {ids} as layer inputs)")
     return out
+
+
+def convert_model_to_gguf(model_dir: str | Path, out: str | Path, outtype: str = "f32",
+                          log: Callable[[str], None] = print) -> Path:
+    """Convert a target's Hugging Face folder into a llama.cpp model GGUF of `outtype` with the
+    engine's own converter (f32: the exact weights the folder holds, so the engine decodes what
+    draftsmith's float32 loop decodes).
+
+    Raises:
+        DraftsmithError: an unknown outtype or the converter failing (its log's tail quoted).
+    """
+    if outtype not in OUTTYPES:
+        raise DraftsmithError(f"target outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
+    model_dir, out = Path(model_dir), Path(out)
+    script = converter_script(log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        partial = Path(scratch) / out.name
+        env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}
+        done = subprocess.run([sys.executable, str(script), str(model_dir), "--outtype", outtype,
+                               "--outfile", str(partial)], capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not partial.is_file():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
+            raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py could not convert "
+                                  f"{model_dir} to a {outtype} GGUF:\n" + "\n".join(tail))
+        partial.replace(out)
+    log(f"target GGUF {out} ({outtype}, converted from {model_dir})")
+    return out

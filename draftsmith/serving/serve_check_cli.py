@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
+from draftsmith.export.gguf import OUTTYPES
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.serving import ENGINES
 
@@ -26,12 +27,13 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
                                   min_acceptance=args.min_acceptance, threads=args.threads,
                                   loop=args.loop, engine=args.engine, device=args.device,
-                                  dtype=args.dtype,
+                                  dtype=args.dtype, target_outtype=args.target_outtype,
                                   draft_outtypes=tuple(t.strip() for t in
                                                        args.draft_outtype.split(",")))
     # before any prompt set is installed: the export, the engine's Python, the target's files
     require_export_folder(Path(args.export_dir))
-    checked = check_targets(target.name, args.target_gguf, args.engine)
+    checked = check_targets(target.name, args.target_gguf, args.engine,
+                            target_outtype=args.target_outtype)
     prompts = gather_prompts(chosen_sets(args.bench, bool(args.prompts)), args.prompts or (),
                              args.limit)
     run_serve_check(args.export_dir, target.name, prompts, args.out, settings,
@@ -59,6 +61,11 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
                         help="offline model name, or a Hugging Face folder with --target-gguf")
     parser.add_argument("--target-gguf", help="the target as GGUF for the engine (default: the "
                         "offline model's file)")
+    parser.add_argument("--target-outtype", choices=OUTTYPES,
+                        help="llama.cpp: serve the target's folder converted by llama.cpp's own "
+                        "converter to this type instead of its GGUF (f32: the weights draftsmith's "
+                        "float32 loop decodes, so the two compare token for token); converted "
+                        "once into the cache")
     add_prompt_arguments(parser, limit=2)
     parser.add_argument("--draft-max", type=positive_int_arg,
                         help="draft tokens per engine step (the loop's chain length too; default "

@@ -20,6 +20,7 @@ from draftsmith.serving.serve_check import (
     compare_outputs,
     engine_acceptance,
     failures,
+    near_tie_note,
     prompt_token_ids,
     run_engine,
     run_vllm,
@@ -28,26 +29,34 @@ from draftsmith.serving.serve_check import (
 RESULT = "serve_check.json"
 
 
-def target_files(spec: str, target_gguf: str | None = None) -> tuple[Path, Path]:
+def target_files(spec: str, target_gguf: str | None = None, target_outtype: str | None = None,
+                 log: Callable[[str], None] = print) -> tuple[Path, Path]:
     """(target GGUF llama.cpp serves, Hugging Face folder the converter and the loop read);
-    `check_targets` verifies them.
+    `check_targets` verifies them. `target_outtype`: serve the folder converted to a GGUF of that
+    type instead (`target_gguf.converted_target_gguf`).
 
     Raises:
-        DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`.
+        DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`
+            or `--target-outtype`.
     """
     from draftsmith import offline_models
+    from draftsmith.serving.target_gguf import converted_target_gguf
 
     folder = target_folder(spec)
+    if target_outtype:
+        return converted_target_gguf(folder, target_outtype, log), folder
     if spec in offline_models.CATALOG:
         return (Path(target_gguf) if target_gguf else offline_models.gguf_path(spec)), folder
     if not target_gguf:
         raise DraftsmithError(f"--target {spec!r} is a folder: llama.cpp also needs "
-                              "--target-gguf FILE (the same model as GGUF)")
+                              "--target-gguf FILE (the same model as GGUF) or --target-outtype "
+                              "f32 (converted from the folder)")
     return Path(target_gguf), folder
 
 
 def check_targets(spec: str, target_gguf: str | None, engine: str,
-                  log: Callable[[str], None] = print) -> tuple[Path | None, Path, dict]:
+                  log: Callable[[str], None] = print,
+                  target_outtype: str | None = None) -> tuple[Path | None, Path, dict]:
     """Resolve and verify what the engine serves, before any conversion or model load: the
     engine's own Python (`$DRAFTSMITH_*_PYTHON`), an offline model's converted folder (its
     recorded sha256s) and, for llama.cpp, the target GGUF (`target_gguf.check_target_gguf`).
@@ -59,16 +68,25 @@ def check_targets(spec: str, target_gguf: str | None, engine: str,
         DraftsmithError: whatever is missing, corrupted or of another model, named.
     """
     from draftsmith.engines.engine_env import own_engine_python
+    from draftsmith.export.gguf import OUTTYPES
     from draftsmith.serving.target_gguf import check_target_gguf
 
-    if target_gguf and engine != "llama.cpp":
-        raise DraftsmithError("--target-gguf is for --engine llama.cpp; vLLM serves the target's "
-                              "Hugging Face folder (--target)")
+    if (target_gguf or target_outtype) and engine != "llama.cpp":
+        raise DraftsmithError("--target-gguf and --target-outtype are for --engine llama.cpp; vLLM "
+                              "serves the target's Hugging Face folder (--target)")
+    if target_gguf and target_outtype:
+        raise DraftsmithError("give --target-gguf FILE or --target-outtype TYPE, not both: the "
+                              "first serves your GGUF, the second converts the target's folder")
+    if target_outtype and target_outtype not in OUTTYPES:
+        raise DraftsmithError(f"--target-outtype {target_outtype!r}: choose one of "
+                              f"{', '.join(OUTTYPES)} (f32: the weights the loop decodes)")
     own_engine_python(engine)
     if engine != "llama.cpp":
         return None, target_folder(spec), {}
-    gguf, folder = target_files(spec, target_gguf)
-    return gguf, folder, check_target_gguf(gguf, spec, folder, log)
+    gguf, folder = target_files(spec, target_gguf, target_outtype, log)
+    record = check_target_gguf(gguf, spec, folder, log)
+    return gguf, folder, {**record, **({"target_outtype": target_outtype} if target_outtype
+                                       else {})}
 
 
 def require_export_folder(export_dir: Path) -> None:
@@ -154,7 +172,10 @@ def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
         log(f"draft GGUF {outtype:5} ({run['draft_gguf_bytes'] / 1e6:.1f} MB): "
             f"{run['tokens_per_second_spec']:.1f} tokens/s, {run['speedup']:.2f}x plain, "
             f"acceptance {run['acceptance']:.1%}, identical {run['identical'][0]}/"
-            f"{run['identical'][1]}")
+            f"{run['identical'][1]}{near_tie_note(run.get('differing', []))}")
+    note = near_tie_note(summary["records"])
+    if note:
+        log(f"greedy outputs with the draft: {same}/{total} identical{note}")
 
 
 def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchPrompt],
@@ -179,8 +200,8 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
         raise DraftsmithError("serve-check got no prompts (check --bench / --prompts / --limit)")
     require_gpu_engine(settings.engine, settings.device)
     require_export_folder(export_dir)
-    gguf, target_dir, gguf_record = checked or check_targets(target, target_gguf,
-                                                             settings.engine, log)
+    gguf, target_dir, gguf_record = checked or check_targets(
+        target, target_gguf, settings.engine, log, settings.target_outtype)
     drafter = check_servable_export(export_dir, target_dir, settings.engine)
     settings = draft_length(drafter, settings)
     method = get_spec(drafter.kind).engine_methods[settings.engine]
@@ -208,9 +229,12 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     if more:  # every draft type: the engine's own numbers, one plain run for all
         served["draft_types"] = {
             outtype: {**stats(run), "draft_gguf_bytes": path.stat().st_size,
-                      "identical": [sum(r["identical"] for r in compared), len(compared)]}
+                      "identical": [sum(r["identical"] for r in compared), len(compared)],
+                      "differing": [r for r in compared if not r["identical"]]}
             for outtype, (run, path) in more.items()
             for compared in [compare_outputs(prompts, plain, run)]}
+    measure_divergences(target_dir, ids, plain, [records, *(
+        run["differing"] for run in served.get("draft_types", {}).values())], settings, log)
     summary = {
         **served, "target": target, "export_dir": str(export_dir), "kind": drafter.kind,
         "export_format": drafter.format,
@@ -235,6 +259,29 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
                               + f"\n(details: {out_dir / RESULT}; engine logs in {out_dir})")
     log(f"ok: {out_dir / RESULT}")
     return summary
+
+
+def measure_divergences(target_dir: Path, ids: list[list[int]], plain, record_lists,
+                        settings: ServeCheckSettings, log) -> None:
+    """Set `tie_gap` on every differing record of `record_lists` (one float32 target load for all;
+    see `serve_check.TIE_GAP`)."""
+    from draftsmith.serving.serve_check_loop import divergence_gaps
+
+    where: dict[tuple, list[dict]] = {}  # one forward per distinct divergence
+    for records in record_lists:
+        for record in records:
+            if not record["identical"] and "plain_token" in record:
+                key = (record["prompt_index"], record["first_difference"], record["plain_token"],
+                       record["spec_token"])
+                where.setdefault(key, []).append(record)
+    if not where:
+        return
+    cases = [(ids[n], plain.answers[n].tokens[:first], a, b) for n, first, a, b in where]
+    log(f"{len(cases)} divergence(s): measuring the target's float32 logit gap where they part")
+    for records, gap in zip(where.values(), divergence_gaps(target_dir, cases, settings.device),
+                            strict=True):
+        for record in records:
+            record["tie_gap"] = gap
 
 
 def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
@@ -317,7 +364,7 @@ def loop_summary(target_dir: Path, export_dir: Path, ids: list[list[int]],
     from draftsmith.serving.serve_check_loop import loop_acceptance
 
     loop = loop_acceptance(target_dir, export_dir, ids, settings.max_new_tokens, settings.draft_max,
-                           settings.device)
+                           settings.device, first_step_drafts=settings.engine != "llama.cpp")
     answers = loop.pop("answers")
     loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
                                      len(answers)]

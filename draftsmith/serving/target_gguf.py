@@ -176,3 +176,33 @@ def check_target_gguf(gguf: Path, target: str, target_dir: Path,
         log(f"note: no {gguf.name}.sha256 beside {gguf}: only its header is checked against the "
             f"target (record its sha256 with `sha256sum {gguf} > {gguf}.sha256`)")
     return {"target_gguf": str(gguf), "target_gguf_sha256": digest, "target_gguf_verified": how}
+
+
+def _folder_key(folder: Path) -> str:
+    """A short digest of a model folder's files (name, size, modification time)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def converted_target_gguf(target_dir: Path, outtype: str,
+                          log: Callable[[str], None] = print) -> Path:
+    """The target's folder as a llama.cpp GGUF of `outtype`, converted once into the cache (see
+    the module docstring); a cached file without its `.sha256` is converted again."""
+    from draftsmith.export.gguf import convert_model_to_gguf
+
+    out = (offline_models.cache_dir() / "gguf" / "converted" / _folder_key(target_dir)
+           / f"{target_dir.name}-{outtype}.gguf")
+    sidecar = out.with_name(out.name + ".sha256")
+    if out.is_file() and sidecar.is_file():
+        return out
+    sidecar.unlink(missing_ok=True)
+    convert_model_to_gguf(target_dir, out, outtype, log)
+    partial = sidecar.with_name(sidecar.name + ".partial")
+    partial.write_text(f"{sha256_file(out)}  {out.name}\n", encoding="utf-8")
+    partial.replace(sidecar)
+    return out

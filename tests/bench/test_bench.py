@@ -184,6 +184,7 @@ def test_lossless_line_of_the_report():
     ({"drafter": "eagle3", "engines": ["sglang"]}, "engine.engines"),
     ([{"drafter": "eagle1", "outtypes": ["f16"]}], "is a eagle1 drafter"),
     ({"drafter": "eagle3", "outtypes": ["q4_0"]}, "engine.outtypes"),
+    ({"drafter": "eagle3", "target_outtype": "q4_0"}, "engine.target_outtype = 'q4_0'"),
     ("eagle1", "give one check"),
 ])
 def test_bad_engine_sections_are_clear_errors(tmp_path, engine, message):
@@ -209,9 +210,16 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
              for name, size in (("f32", 79_200_000), ("q8_0", 22_400_000))}
     dflash = {**check, "kind": "dflash", "export_format": "dflash", "draft_max": 7,
               "draft_types": types}
+    f32 = {**dflash, "target_outtype": "f32", "target_gguf": "/c/t-f32.gguf",
+           "identical": [29, 30], "records": [{"identical": False, "tie_gap": 0.003}]}
     text = "\n".join(engine_section({"engines": {"eagle3 in llama.cpp": check,
                                                  "eagle3 in vllm": vllm,
-                                                 "dflash in llama.cpp": dflash}}))
+                                                 "dflash in llama.cpp": dflash,
+                                                 "dflash8k in llama.cpp": f32}}))
+    assert "on the target's folder converted by the same converter to GGUF in f32 (the weights " \
+           "the loop decodes)" in text
+    assert ("identical to its plain decoding: 29/30 (1 part at near-ties: the target's float32 "
+            "logit gap 0.003 <= 0.05)") in text
     assert "### In a serving engine: llama.cpp b1 (greedy, EAGLE-3 chain of 2)" in text
     assert "### In a serving engine: llama.cpp b1 (greedy, DFlash chain of 7)" in text
     assert "The trained DFlash drafter exported (`dflash`)" in text

@@ -58,4 +58,4 @@ def test_unknown_engine_and_misplaced_gguf_are_one_error_each(tmp_path, capsys):
     (tmp_path / "prompts.txt").write_text("Hello.\n")
     assert main(["serve-check", str(tmp_path), "--engine", "vllm", "--target-gguf", "t.gguf",
                  "--prompts", str(tmp_path / "prompts.txt")]) == 2
-    assert "--target-gguf is for --engine llama.cpp" in capsys.readouterr().err
+    assert "--target-gguf and --target-outtype are for --engine llama.cpp" in capsys.readouterr().err

@@ -7,6 +7,7 @@ holds for an overfit DFlash drafter (`draft-dflash`, the whole block as the draf
 import json
 
 import pytest
+import torch
 
 from draftsmith.cli import main
 from draftsmith.data.prompt_files import load_prompt_file
@@ -77,11 +78,18 @@ def test_overfit_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
     assert result["hardware"]["cpu"]
 
 
-def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
+@pytest.fixture(scope="module")
+def dflash_export(smollm, tmp_path_factory):
+    """(prompt file, export folder) of a DFlash drafter overfit on the engine's plain answer."""
+    tmp_path = tmp_path_factory.mktemp("dflash")
     prompt_file, prompt, answer = engine_answer(smollm, tmp_path)
     checkpoint = overfit_dflash(smollm.model, prompt + answer, len(prompt), tmp_path / "drafter",
                                 block_size=DRAFT_MAX + 1)
-    export = export_drafter(checkpoint, "dflash", tmp_path / "export")
+    return prompt_file, export_drafter(checkpoint, "dflash", tmp_path / "export")
+
+
+def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(dflash_export, tmp_path):
+    prompt_file, export = dflash_export
 
     # --draft-max 3: the whole block; the draft GGUF also in q8_0 (a second speculative run)
     code, result = serve_check(tmp_path, export, prompt_file, "--draft-outtype", "f32,q8_0")
@@ -100,6 +108,39 @@ def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(smollm, tmp_path):
     assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
     assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
     assert engine["tau"] > 1.5
+
+
+def test_on_the_f32_target_the_engine_accepts_what_the_loop_accepts(smollm, tmp_path):
+    """`--target-outtype f32`: the engine serves the weights the float32 loop decodes, so a
+    DFlash drafter overfit on the float32 answer is accepted alike by both: the same drafts, the
+    same tokens accepted, position by position."""
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("Write a short poem about the sea.\n")
+    prompt = prompt_token_ids(smollm.tokenizer, load_prompt_file(prompt_file))[0]
+    answer = smollm.model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
+                                   do_sample=False)[0, len(prompt):].tolist()
+    checkpoint = overfit_dflash(smollm.model, prompt + answer, len(prompt), tmp_path / "drafter",
+                                block_size=DRAFT_MAX + 1)
+    export = export_drafter(checkpoint, "dflash", tmp_path / "export")
+
+    code, result = serve_check(tmp_path, export, prompt_file, "--target-outtype", "f32",
+                               "--loop")
+
+    assert code == 0, result
+    assert result["target_outtype"] == "f32" and result["target_gguf"].endswith("-f32.gguf")
+    assert result["target_gguf_verified"].startswith("sha256 recorded in")
+    assert result["identical"] == [1, 1]
+    loop = result["draftsmith"]
+    assert loop["same_answer_as_engine"] == [1, 1]
+    engine = result["engine_stats"]
+    assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
+    assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
+    assert loop["counted_from_step"] == 2  # llama.cpp drafts from the second new token on
+    assert (loop["drafts"], loop["accepted_tokens"]) == (engine["drafts"],
+                                                         engine["accepted_tokens"])
+    for k, (ours, theirs) in enumerate(zip(loop["acceptance_per_position"],
+                                           engine["acceptance_per_position"], strict=True)):
+        assert abs(ours - theirs) <= 0.02, (k, loop, engine)
 
 
 def test_untrained_drafter_fails_the_check(smollm, tmp_path, capsys):
