@@ -394,7 +394,7 @@ def _check_one_engine(config: BenchConfig, spec, path) -> None:
         raise DraftsmithError(f"{path}: engine.drafter {spec['drafter']!r} is a {kind} drafter; "
                               f"the engine check runs {' / '.join(served_by(served[0]))} "
                               f"drafters in {served[0]}, which does not serve {kind}")
-    for key in ENGINE_KEYS - {"drafter", "engines", "outtypes"}:
+    for key in ENGINE_KEYS - {"drafter", "engines", "outtypes", "target_outtype"}:
         value = spec.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DraftsmithError(f"{path}: engine.{key} = {value!r}: must be an integer >= 1")
