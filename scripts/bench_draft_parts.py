@@ -1,0 +1,98 @@
+"""Where a block drafter's draft time goes inside the decoding loop, part by part, on this machine:
+a benchmark (not a test) written to a JSON file.
+
+    .venv/bin/python scripts/bench_draft_parts.py --drafter runs/abl/train/block4l1/drafter \
+        --out benchmarks/draft_cost/parts-NAME.json
+
+A trained DFlash or DSpark drafter decodes the first turns of GSM8K and MT-bench prompts through
+`draftsmith.decoding.generate` (the loop the evaluation times) as a chain and as a best-first tree;
+the drafter's parts (`draft_block`, `draft_logits`, `context_kv`, `target_feature`, the tree) and
+the target's verify forward are timed per call in place. Set against the same parts timed in a
+tight loop (`bench_draft_cost.py`'s isolated numbers), it tells whether the draft is bound by
+re-reading its weights after each target forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+from draftsmith.data.prompt_files import gather_prompts
+from draftsmith.data.prompts import chosen_sets
+from draftsmith.decoding.decode import generate
+from draftsmith.decoding.proposers import block_drafter
+from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
+from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.export.load import load_any_drafter
+from draftsmith.files import write_json
+from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.provenance import git_commit
+from draftsmith.serving.serve_check import prompt_token_ids
+from draftsmith.target import load_target
+
+PARTS = ("draft_block", "draft_logits", "context_kv", "target_feature")
+
+
+def timed(obj, name: str, label: str, times: dict, calls: collections.Counter) -> None:
+    """Replace obj.name with a wrapper that adds its wall time to times[label]."""
+    inner = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        times[label] += time.perf_counter() - start
+        calls[label] += 1
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--drafter", required=True, help="a trained DFlash / DSpark drafter folder")
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--limit", type=int, default=5, help="prompts per set (gsm8k, mt_bench)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    target = load_target(args.target, dtype=args.dtype)
+    loaded = load_any_drafter(args.drafter, target.model)
+    times: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    for part in PARTS:
+        timed(loaded.module, part, part, times, calls)
+    timed(block_drafter, "best_first_tree", "best_first_tree", times, calls)
+    runner = CausalLMRunner(target.model, output_hidden_states=True)
+    timed(runner, "forward", "target_forward", times, calls)
+    settings = ProposerSettings(tree=DynamicTreeConfig(topk=3, depth=3, total_tokens=6))
+    prompts = prompt_token_ids(target.tokenizer, gather_prompts(
+        chosen_sets("gsm8k,mt_bench", False), (), args.limit))
+    cases = {}
+    for method in ("drafter_dynamic", "drafter_chain"):
+        times.clear()
+        calls.clear()
+        proposer = make_drafter_proposer(method, loaded, settings)
+        for name in ("propose", "observe"):
+            timed(proposer, name, name, times, calls)
+        total = draft = 0.0
+        for ids in prompts:
+            result = generate(runner, proposer, ids, args.max_new_tokens, target.eos_token_ids)
+            total, draft = total + result.total_seconds, draft + result.draft_seconds
+        cases[method] = {"draft_share": round(draft / total, 4),
+                         "ms_per_call": {k: round(times[k] * 1e3 / calls[k], 3) for k in times},
+                         "calls": dict(calls)}
+        print(f"{method}: draft share {draft / total:.1%}; ms per call: "
+              + ", ".join(f"{k} {v}" for k, v in cases[method]["ms_per_call"].items()))
+    write_json(args.out, {"drafter": args.drafter, "target": args.target, "dtype": args.dtype,
+                          "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                          "tree": {"topk": 3, "depth": 3, "total_tokens": 6}, "cases": cases,
+                          "hardware": hardware_record(), "machine": describe_hardware(hardware_record()),
+                          "commit": git_commit()})
+
+
+if __name__ == "__main__":
+    main()
