@@ -8,7 +8,7 @@ A trained DFlash or DSpark drafter decodes the first turns of GSM8K and MT-bench
 `draftsmith.decoding.generate` (the loop the evaluation times) as a chain and as a best-first tree;
 the drafter's parts (`draft_block`, `draft_logits`, `context_kv`, `target_feature`, the tree) and
 the target's verify forward are timed per call in place. Set against the same parts timed in a
-tight loop (`bench_draft_cost.py`'s isolated numbers), it tells whether the draft is bound by
+tight loop (the `isolated` case: back to back on the last prompt's context), it tells whether the draft is bound by
 re-reading its weights after each target forward.
 """
 
@@ -49,6 +49,34 @@ def timed(obj, name: str, label: str, times: dict, calls: collections.Counter) -
     setattr(obj, name, wrapper)
 
 
+def isolated(module, proposer, repeats: int = 200) -> dict:
+    """The same parts called back to back on the last prompt's context (nothing evicts the
+    drafter's weights between calls): ms per call, median of 5 rounds of `repeats`."""
+    import statistics
+
+    import torch
+
+    context, length = proposer.context, proposer.length
+    anchor = torch.tensor(1)
+    hidden = module.draft_block(anchor, length, context)
+    rows = module.fc.weight.new_zeros(2, module.fc.weight.shape[0])
+    positions = torch.arange(length, length + 2)
+    work = {"draft_block": lambda: module.draft_block(anchor, length, context),
+            "draft_logits": lambda: module.draft_logits(hidden),
+            "context_kv": lambda: module.context_kv(rows, positions)}
+    result = {}
+    with torch.inference_mode():
+        for name, call in work.items():
+            rounds = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                rounds.append((time.perf_counter() - start) * 1e3 / repeats)
+            result[name] = round(statistics.median(rounds), 3)
+    return {"ms_per_call": result, "repeats": repeats}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", required=True, help="a trained DFlash / DSpark drafter folder")
@@ -87,6 +115,9 @@ def main() -> None:
                          "calls": dict(calls)}
         print(f"{method}: draft share {draft / total:.1%}; ms per call: "
               + ", ".join(f"{k} {v}" for k, v in cases[method]["ms_per_call"].items()))
+    cases["isolated"] = isolated(loaded.module, proposer)
+    print("isolated (tight loop, weights stay in cache): ms per call: "
+          + ", ".join(f"{k} {v}" for k, v in cases["isolated"]["ms_per_call"].items()))
     write_json(args.out, {"drafter": args.drafter, "target": args.target, "dtype": args.dtype,
                           "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "tree": {"topk": 3, "depth": 3, "total_tokens": 6}, "cases": cases,
