@@ -81,7 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", required=True, help="a trained DFlash / DSpark drafter folder")
     parser.add_argument("--target", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto: bf16 only where this machine measures it faster")
     parser.add_argument("--limit", type=int, default=5, help="prompts per set (gsm8k, mt_bench)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", required=True)
@@ -118,7 +119,8 @@ def main() -> None:
     cases["isolated"] = isolated(loaded.module, proposer)
     print("isolated (tight loop, weights stay in cache): ms per call: "
           + ", ".join(f"{k} {v}" for k, v in cases["isolated"]["ms_per_call"].items()))
-    write_json(args.out, {"drafter": args.drafter, "target": args.target, "dtype": args.dtype,
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    write_json(args.out, {"drafter": args.drafter, "target": args.target, "dtype": dtype,
                           "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "tree": {"topk": 3, "depth": 3, "total_tokens": 6}, "cases": cases,
                           "hardware": hardware_record(), "machine": describe_hardware(hardware_record()),

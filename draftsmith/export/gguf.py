@@ -185,6 +185,23 @@ def gguf_target_layers(path: Path) -> list[int]:
     return list(fields.get(f"{fields.get('general.architecture')}.target_layers") or [])
 
 
+def _run_converter(script: Path, arguments: list[str], outtype: str, partial: Path,
+                   what: str) -> None:
+    """Run llama.cpp's converter on this interpreter (its gguf-py first on the path) to write
+    `partial`.
+
+    Raises:
+        DraftsmithError: the converter failing or writing nothing (its log's tail quoted).
+    """
+    env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}  # the script adds gguf-py
+    done = subprocess.run([sys.executable, str(script), *arguments, "--outtype", outtype,
+                           "--outfile", str(partial)], capture_output=True, text=True, env=env)
+    if done.returncode != 0 or not partial.is_file():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
+        raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py could not convert {what}:\n"
+                              + "\n".join(tail))
+
+
 def convert_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str | Path,
                     log: Callable[[str], None] = print, outtype: str = "f32") -> Path:
     """Convert an EAGLE-3 (`eagle3` / `speculators` layout) or DFlash (`dflash` /
@@ -209,14 +226,8 @@ def convert_to_gguf(export_dir: str | Path, target_hf_dir: str | Path, out: str 
         staging = Path(scratch) / "export"
         arch, ids = _stage(export_dir, staging)
         partial = Path(scratch) / out.name
-        env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}  # the script adds gguf-py
-        command = [sys.executable, str(script), str(staging), "--target-model-dir",
-                   str(target_hf_dir), "--outtype", outtype, "--outfile", str(partial)]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        if done.returncode != 0 or not partial.is_file():
-            tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
-            raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py could not convert "
-                                  f"{export_dir}:\n" + "\n".join(tail))
+        _run_converter(script, [str(staging), "--target-model-dir", str(target_hf_dir)], outtype,
+                       partial, str(export_dir))
         written = gguf_target_layers(partial)
         if written != ids:
             raise DraftsmithError(f"{out.name}: the converter wrote {arch}.target_layers "
@@ -242,13 +253,7 @@ def convert_model_to_gguf(model_dir: str | Path, out: str | Path, outtype: str =
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         partial = Path(scratch) / out.name
-        env = {**os.environ, "PYTHONPATH": str(converter_dir() / "site")}
-        done = subprocess.run([sys.executable, str(script), str(model_dir), "--outtype", outtype,
-                               "--outfile", str(partial)], capture_output=True, text=True, env=env)
-        if done.returncode != 0 or not partial.is_file():
-            tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
-            raise DraftsmithError(f"llama.cpp's convert_hf_to_gguf.py could not convert "
-                                  f"{model_dir} to a {outtype} GGUF:\n" + "\n".join(tail))
+        _run_converter(script, [str(model_dir)], outtype, partial, f"{model_dir} to {outtype}")
         partial.replace(out)
     log(f"target GGUF {out} ({outtype}, converted from {model_dir})")
     return out

@@ -14,19 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def loop_acceptance(target_dir: Path, export_dir: Path, prompts: list[list[int]],
-                    max_new_tokens: int, draft_max: int, device: str = "cpu",
-                    first_step_drafts: bool = True) -> dict:
+def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
+                    max_new_tokens: int, draft_max: int, first_step_drafts: bool = True) -> dict:
     """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop;
     `first_step_drafts` False leaves each prompt's first step out of the acceptance (as llama.cpp
-    counts: it does not draft there)."""
+    counts: it does not draft there). `target`: the target loaded in float32."""
     from draftsmith.decoding.decode import generate
     from draftsmith.decoding.runner import CausalLMRunner
     from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
     from draftsmith.export.load import load_any_drafter
-    from draftsmith.target import load_target
 
-    target = load_target(str(target_dir), dtype="float32", device=device)
     drafter = load_any_drafter(export_dir, target.model)
     runner = CausalLMRunner(target.model, output_hidden_states=True)
     settings = ProposerSettings(num_draft_tokens=draft_max)
@@ -53,11 +50,11 @@ def loop_acceptance(target_dir: Path, export_dir: Path, prompts: list[list[int]]
             "answers": [r.tokens for r in results]}
 
 
-def divergence_gaps(target_dir: Path, cases: list[tuple[list[int], list[int], int, int]],
-                    device: str = "cpu") -> list[float]:
+def divergence_gaps(target, cases: list[tuple[list[int], list[int], int, int]]) -> list[float]:
     """How close the target (float32) is to a tie where the engine's two decodings part.
 
     Args:
+        target: the target loaded in float32.
         cases: (prompt ids, the answer tokens both decodings share, the plain decoding's next
             token, the speculative decoding's next token), one per divergence.
 
@@ -68,9 +65,6 @@ def divergence_gaps(target_dir: Path, cases: list[tuple[list[int], list[int], in
     """
     import torch
 
-    from draftsmith.target import load_target
-
-    target = load_target(str(target_dir), dtype="float32", device=device)
     gaps = []
     with torch.inference_mode():
         for prompt, shared, plain, spec in cases:

@@ -5,6 +5,7 @@ table."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -233,8 +234,14 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
                       "differing": [r for r in compared if not r["identical"]]}
             for outtype, (run, path) in more.items()
             for compared in [compare_outputs(prompts, plain, run)]}
-    measure_divergences(target_dir, ids, plain, [records, *(
-        run["differing"] for run in served.get("draft_types", {}).values())], settings, log)
+    @functools.cache
+    def float32_target():  # loaded once, for the divergences and the loop
+        from draftsmith.target import load_target
+
+        return load_target(str(target_dir), dtype="float32", device=settings.device)
+
+    measure_divergences(float32_target, ids, plain, [records, *(
+        run["differing"] for run in served.get("draft_types", {}).values())], log)
     summary = {
         **served, "target": target, "export_dir": str(export_dir), "kind": drafter.kind,
         "export_format": drafter.format,
@@ -247,7 +254,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     }
     if settings.loop:
         log("draftsmith's own loop on the same prompts and drafter (float32)")
-        loop = loop_summary(target_dir, export_dir, ids, settings, spec)
+        loop = loop_summary(float32_target(), export_dir, ids, settings, spec)
         summary["draftsmith"] = loop
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["passed"] = not failures(summary, settings)
@@ -261,10 +268,10 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     return summary
 
 
-def measure_divergences(target_dir: Path, ids: list[list[int]], plain, record_lists,
-                        settings: ServeCheckSettings, log) -> None:
-    """Set `tie_gap` on every differing record of `record_lists` (one float32 target load for all;
-    see `serve_check.TIE_GAP`)."""
+def measure_divergences(float32_target: Callable, ids: list[list[int]], plain, record_lists,
+                        log) -> None:
+    """Set `tie_gap` on every differing record of `record_lists` (see `serve_check.TIE_GAP`);
+    `float32_target()` gives the target in float32, called only when something differs."""
     from draftsmith.serving.serve_check_loop import divergence_gaps
 
     where: dict[tuple, list[dict]] = {}  # one forward per distinct divergence
@@ -278,7 +285,7 @@ def measure_divergences(target_dir: Path, ids: list[list[int]], plain, record_li
         return
     cases = [(ids[n], plain.answers[n].tokens[:first], a, b) for n, first, a, b in where]
     log(f"{len(cases)} divergence(s): measuring the target's float32 logit gap where they part")
-    for records, gap in zip(where.values(), divergence_gaps(target_dir, cases, settings.device),
+    for records, gap in zip(where.values(), divergence_gaps(float32_target(), cases),
                             strict=True):
         for record in records:
             record["tie_gap"] = gap
@@ -358,13 +365,13 @@ def target_folder(spec: str) -> Path:
     return Path(spec)
 
 
-def loop_summary(target_dir: Path, export_dir: Path, ids: list[list[int]],
+def loop_summary(target, export_dir: Path, ids: list[list[int]],
                  settings: ServeCheckSettings, spec) -> dict:
     """draftsmith's loop numbers, with how many of its answers equal the engine's."""
     from draftsmith.serving.serve_check_loop import loop_acceptance
 
-    loop = loop_acceptance(target_dir, export_dir, ids, settings.max_new_tokens, settings.draft_max,
-                           settings.device, first_step_drafts=settings.engine != "llama.cpp")
+    loop = loop_acceptance(target, export_dir, ids, settings.max_new_tokens, settings.draft_max,
+                           first_step_drafts=settings.engine != "llama.cpp")
     answers = loop.pop("answers")
     loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
                                      len(answers)]

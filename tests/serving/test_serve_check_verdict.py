@@ -73,13 +73,15 @@ def test_the_gap_is_the_targets_float32_logit_difference_where_the_answers_part(
     from transformers import AutoModelForCausalLM
 
     from draftsmith.serving.serve_check_loop import divergence_gaps
+    from draftsmith.target import load_target
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()
     prompt, shared = [5, 9, 17], [23, 4]
     with torch.no_grad():
         logits = model(torch.tensor([prompt + shared])).logits[0, -1]
     top = logits.topk(2).indices.tolist()
-    gaps = divergence_gaps(tiny_folder, [(prompt, shared, top[0], top[1]),
-                                         (prompt, [], top[1], top[0])])
+    target = load_target(str(tiny_folder), dtype="float32")
+    gaps = divergence_gaps(target, [(prompt, shared, top[0], top[1]),
+                                    (prompt, [], top[1], top[0])])
     assert gaps[0] == round(float(logits[top[0]] - logits[top[1]]), 5) > 0
     assert gaps[1] >= 0 and len(gaps) == 2
