@@ -56,16 +56,17 @@ def isolated(module, proposer, repeats: int = 200) -> dict:
 
     import torch
 
-    context, length = proposer.context, proposer.length
+    context = proposer.context  # inference tensors: used in inference mode only
+    length = context.length
     anchor = torch.tensor(1)
-    hidden = module.draft_block(anchor, length, context)
     rows = module.fc.weight.new_zeros(2, module.fc.weight.shape[0])
     positions = torch.arange(length, length + 2)
-    work = {"draft_block": lambda: module.draft_block(anchor, length, context),
-            "draft_logits": lambda: module.draft_logits(hidden),
-            "context_kv": lambda: module.context_kv(rows, positions)}
     result = {}
     with torch.inference_mode():
+        hidden = module.draft_block(anchor, context)
+        work = {"draft_block": lambda: module.draft_block(anchor, context),
+                "draft_logits": lambda: module.draft_logits(hidden),
+                "context_kv": lambda: module.context_kv(rows, positions)}
         for name, call in work.items():
             rounds = []
             for _ in range(5):

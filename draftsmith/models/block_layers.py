@@ -63,15 +63,45 @@ class BlockAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim))
         return rope(q.transpose(1, 2), cos, sin)
 
-    def expand(self, x: torch.Tensor) -> torch.Tensor:
-        """KV heads repeated to the query heads (B, nkv, S, hd) -> (B, nh, S, hd): SDPA's fused
-        CPU and GPU kernels take explicit masks only without `enable_gqa`."""
-        return x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         """(B, nh, T, hd) -> (B, T, H) through o_proj."""
         b, _, t, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class ContextCache:
+    """Every layer's keys and values of the verified context, for decoding: buffers with room for
+    one block after the context, grown by doubling. Appending m positions copies m rows (not the
+    whole context) and a block writes its own keys after the context in place, so a decoding step
+    costs the same at any context length.
+
+    Args:
+        block_size: rows a block writes after the context.
+    """
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.layers: list[KV] = []
+        self.length = 0
+
+    def append(self, new: list[KV]) -> None:
+        """Add each layer's keys and values of m new positions ((1, nkv, m, hd) each)."""
+        m = new[0][0].shape[2]
+        need = self.length + m + self.block_size
+        if not self.layers or need > self.layers[0][0].shape[2]:
+            capacity = max(need, 2 * self.layers[0][0].shape[2] if self.layers else 64)
+            grown = []
+            for index, (k, v) in enumerate(new):
+                buffers = tuple(x.new_empty(*x.shape[:2], capacity, x.shape[3]) for x in (k, v))
+                if self.layers:
+                    for old, buffer in zip(self.layers[index], buffers, strict=True):
+                        buffer[:, :, :self.length] = old[:, :, :self.length]
+                grown.append(buffers)
+            self.layers = grown
+        for (k, v), (nk, nv) in zip(self.layers, new, strict=True):
+            k[:, :, self.length:self.length + m] = nk
+            v[:, :, self.length:self.length + m] = nv
+        self.length += m
 
 
 class BlockDecoderLayer(nn.Module):
@@ -89,16 +119,20 @@ class BlockDecoderLayer(nn.Module):
         return self.self_attn.keys_values(context, cos, sin)
 
     def decode_block(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     context: KV) -> torch.Tensor:
-        """One block at decode time: h (1, B, H) attends every context key (1, nkv, S, hd) and
-        every block key. Returns (1, B, H)."""
+                     context: KV, length: int) -> torch.Tensor:
+        """One block at decode time: h (1, B, H) attends the first `length` context keys of this
+        layer's cache buffers (1, nkv, >= length + B, hd) and every block key, which it writes
+        after them (the next append overwrites them). Returns (1, B, H)."""
         x = self.input_layernorm(h)
         attn = self.self_attn
         q = attn.queries(x, cos, sin)
         k, v = attn.keys_values(x, cos, sin)
-        keys = attn.expand(torch.cat([context[0], k], dim=2))
-        values = attn.expand(torch.cat([context[1], v], dim=2))
-        h = h + attn.output(F.scaled_dot_product_attention(q, keys, values))
+        end = length + k.shape[2]
+        context[0][:, :, length:end] = k
+        context[1][:, :, length:end] = v
+        attended = F.scaled_dot_product_attention(q, context[0][:, :, :end],
+                                                  context[1][:, :, :end], enable_gqa=True)
+        h = h + attn.output(attended)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def train_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: KV,

@@ -23,7 +23,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.block_layers import KV, BlockDecoderLayer
+from draftsmith.models.block_layers import KV, BlockDecoderLayer, ContextCache
 from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import Rotary, drafter_layer_config
 
@@ -259,16 +259,17 @@ class DFlashDrafter(DraftVocab, nn.Module):
         tokens[..., 1:] = self.mask_token_id
         return tokens
 
-    def draft_block(self, anchor: torch.Tensor, start: int, context: list[KV]) -> torch.Tensor:
-        """One block at decode time: the anchor token (a 0-d tensor) at position `start`, after
-        the cached context keys and values -> the proposals' hidden states (proposals, H)."""
+    def draft_block(self, anchor: torch.Tensor, context: ContextCache) -> torch.Tensor:
+        """One block at decode time: the anchor token (a 0-d tensor) at position `context.length`,
+        after the cached context keys and values -> the proposals' hidden states (proposals, H)."""
         device = self.fc.weight.device
         h = self.embed_tokens(self.block_tokens(anchor.reshape(1)))  # (1, B, H)
         h = h.to(self.fc.weight.dtype)
+        start = context.length
         positions = torch.arange(start, start + self.block_size, device=device)[None]
         cos, sin = self.rotary(h, positions)
-        for layer, kv in zip(self.layers, context, strict=True):
-            h = layer.decode_block(h, cos, sin, kv)
+        for layer, kv in zip(self.layers, context.layers, strict=True):
+            h = layer.decode_block(h, cos, sin, kv, start)
         return self.norm(h[0, 1 - self.label_shift:])
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:

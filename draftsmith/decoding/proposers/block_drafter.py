@@ -20,6 +20,7 @@ from draftsmith.decoding.proposers.tree_expansion import grow_dynamic_tree
 from draftsmith.decoding.runner import ForwardOutput
 from draftsmith.decoding.sampling import SamplingConfig, logits_to_probs, sample_token
 from draftsmith.decoding.tree import Tree, chain_tree, root_only_tree, tree_from_lists
+from draftsmith.models.block_layers import ContextCache
 
 
 def best_first_tree(root: int, logprobs: torch.Tensor, budget: int, topk: int,
@@ -84,13 +85,12 @@ class BlockDrafterProposer:
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
         self.generator = torch.Generator().manual_seed(sampling.seed + 2) if self.sampling else None
         self.markov = hasattr(drafter, "row_logits")
-        self.context = None
-        self.length = 0
+        self.context: ContextCache | None = None
         self.pending: torch.Tensor | None = None
         self.token_ids: torch.Tensor | None = None
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
-        self.context, self.length = None, 0
+        self.context = None
         self.token_ids = self.drafter.draft_ids()  # target id of each head column, once per prompt
         self.pending = (self.drafter.target_feature(
             target_out.last_hidden, target_out.hidden_states, slice(None)) if context else None)
@@ -99,13 +99,11 @@ class BlockDrafterProposer:
         """Append the pending features' keys and values to every layer's context."""
         if self.pending is None:
             return
-        m = self.pending.shape[0]
-        positions = torch.arange(self.length, self.length + m, device=self.pending.device)
-        new = self.drafter.context_kv(self.pending, positions)
-        self.context = new if self.context is None else [
-            (torch.cat([k, nk], 2), torch.cat([v, nv], 2))
-            for (k, v), (nk, nv) in zip(self.context, new, strict=True)]
-        self.length += m
+        if self.context is None:
+            self.context = ContextCache(self.drafter.block_size)
+        start = self.context.length
+        positions = torch.arange(start, start + self.pending.shape[0], device=self.pending.device)
+        self.context.append(self.drafter.context_kv(self.pending, positions))
         self.pending = None
 
     @torch.inference_mode()
@@ -115,7 +113,7 @@ class BlockDrafterProposer:
         if self.context is None or max_depth < 1:  # a one-token prompt: no context feature yet
             return root_only_tree(root, device)
         anchor = torch.tensor(root, device=device)
-        hidden = self.drafter.draft_block(anchor, self.length, self.context)  # (P, H)
+        hidden = self.drafter.draft_block(anchor, self.context)  # (P, H)
         depth = min(hidden.shape[0], max_depth, self.tree.block_length or hidden.shape[0])
         if self.tree.shape == "chain":
             return self._chain(root, anchor, hidden[:depth])
