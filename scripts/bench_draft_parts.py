@@ -78,6 +78,29 @@ def isolated(module, proposer, repeats: int = 200) -> dict:
     return {"ms_per_call": result, "repeats": repeats}
 
 
+def weight_bytes(model, skip_input_embeddings: bool = True) -> int:
+    """Bytes of the weights one forward reads: every distinct parameter, less an input embedding
+    table that is not also the output head (a forward reads only its rows)."""
+    seen, total = set(), 0
+    embeddings = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    for parameter in model.parameters():
+        if id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        if skip_input_embeddings and parameter is embeddings and parameter is not head:
+            continue
+        total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def drafter_bytes(module) -> int:
+    """Bytes of the drafter's weights one round reads: all but its frozen embedding table (of which
+    a block reads two rows)."""
+    return sum(p.numel() * p.element_size() for name, p in module.named_parameters()
+               if not name.startswith("embed_tokens"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", required=True, help="a trained DFlash / DSpark drafter folder")
@@ -121,7 +144,13 @@ def main() -> None:
     print("isolated (tight loop, weights stay in cache): ms per call: "
           + ", ".join(f"{k} {v}" for k, v in cases["isolated"]["ms_per_call"].items()))
     dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    read = {"drafter_mb": round(drafter_bytes(loaded.module) / 1e6, 2),
+            "target_mb": round(weight_bytes(target.model) / 1e6, 2)}
+    read["ratio"] = round(read["drafter_mb"] / read["target_mb"], 4)
+    print(f"weights read per round: drafter {read['drafter_mb']} MB, target forward "
+          f"{read['target_mb']} MB ({read['ratio']:.1%})")
     write_json(args.out, {"drafter": args.drafter, "target": args.target, "dtype": dtype,
+                          "weights_read_per_round": read,
                           "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                           "tree": {"topk": 3, "depth": 3, "total_tokens": 6}, "cases": cases,
                           "hardware": hardware_record(), "machine": describe_hardware(hardware_record()),

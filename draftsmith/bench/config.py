@@ -165,9 +165,10 @@ class BenchConfig:
             `draftsmith.target.TargetSpec`, `target_spec()`; bench.json records them as written).
         data: the data recipe every drafter trains on (prepared once).
         out_dir: everything the benchmark writes for this target (resumable).
-        budget_minutes: wall-clock training minutes per drafter on this machine; steps are set
-            from a short calibration run of each drafter.
-        calibration_steps: steps of that calibration run.
+        budget_minutes: wall-clock training minutes per drafter on this machine
+            (`train.max_minutes` of each run, whose planner sets the steps from its own pace).
+        calibration_steps: steps of a short calibration run of each drafter, whose step estimate
+            sets the warmup, the checkpoint and evaluation cadence and the ceiling on steps.
         train: overrides of every drafter's `train:` section.
         kinds: the drafters.
         eval: the evaluation.

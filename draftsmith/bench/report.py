@@ -112,6 +112,15 @@ def _own_data(records: dict) -> bool:
                 if (r.get("data") or {}).get("folder")}) > 1
 
 
+def _steps_note(bench: dict) -> str:
+    """How the run's steps were set: by the training's own planner (`train.max_minutes`, records
+    since it) or by a calibration's fixed count (older records)."""
+    if all("calibrated_seconds_per_step" in rec for rec in bench["training"].values()):
+        return ("Steps = what each run's own planner (`train.max_minutes`) fitted in the budget "
+                "at the pace it measured; s/step = measured over the run")
+    return "Steps = budget / the calibrated seconds per step"
+
+
 def _training_table(bench: dict) -> list[str]:
     records = bench["training"]
     own_data = _own_data(records)  # then the conversations each trained on
@@ -163,7 +172,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "13 nodes, depth 5.", "",
              f"### Training: {cfg['budget_minutes']:g} wall-clock minutes per drafter on this machine",
              "", *_training_table(bench), "",
-             "Steps = budget / the calibrated seconds per step; tokens/s = real (unpadded) "
+             _steps_note(bench) + "; tokens/s = real (unpadded) "
              "tokens trained per wall second over the run's steps (its held-out evaluations and "
              "checkpoints included); train minutes = wall time of the "
              "training process (loading and the held-out evaluation included, and any other load "

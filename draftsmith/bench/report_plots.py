@@ -65,7 +65,7 @@ def write_plots(bench: dict, folder: Path) -> list[Path]:
                       for r in curve if r.get("eval/acc_0") is not None]
             if points:
                 ax.plot(*zip(*points, strict=False), marker="o", label=label)
-        ax.set(xlabel="training minutes (steps x calibrated s/step)",
+        ax.set(xlabel="training minutes (steps x the run's s/step)",
                ylabel="held-out acc@1 vs target", title="Training under the same budget")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -204,9 +204,9 @@ class BudgetPlanner:
         if self.last_end is not None:  # the first step's time holds the setup: not a pace
             seconds = end - self.last_end
             rate = self.tokens_per_second()
-            if not after_pause:
-                self.window.append((padded_tokens, seconds))
-            elif rate:
+            if not after_pause or not self.ready():  # until a plan can be made (every step
+                self.window.append((padded_tokens, seconds))  # may pause: a checkpoint per
+            else:  # step), a paused step's time is its cost
                 self.pause_seconds += max(seconds - padded_tokens / rate, 0.0)
         self.last_end = end
 

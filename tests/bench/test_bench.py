@@ -60,10 +60,15 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--config", str(config)]) == 0
     run = tmp_path / "run"
     budget = json.loads((run / "train/eagle1/budget.json").read_text())
-    assert budget["steps"] == 3 and budget["features"] == "offline"
+    assert budget["features"] == "offline" and budget["calibrated_seconds_per_step"] > 0
     assert (run / "train/eagle1/drafter/model.safetensors").is_file()
     recipe = yaml.safe_load((run / "recipes/eagle1.yaml").read_text())
-    assert recipe["data"]["out_dir"] == str(run / "data") and recipe["train"]["max_steps"] == 3
+    assert recipe["data"]["out_dir"] == str(run / "data")
+    # the run's own planner sizes it within the budget (the calibration's 3 steps only bound it)
+    assert recipe["train"]["max_minutes"] == 0.001 and recipe["train"]["max_steps"] == 12
+    trained = [json.loads(line) for line in (run / "train/eagle1/metrics.jsonl").open()]
+    planned = [row["planned_steps"] for row in trained if "planned_steps" in row]
+    assert planned and budget["steps"] == planned[-1] < 12
     payload = json.loads((run / "eval_t0/eval.json").read_text())
     rows = payload["summary"]["all"]
     assert list(rows) == ["plain", "prompt_lookup", "drafter_static@eagle1",
@@ -72,6 +77,7 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert "| EAGLE-2 |" in md and "| EAGLE-2 tau | >= 2.6 |" in md
     assert "missed" in md and "misses 2.6 by" in md
     assert "### Training: 0.001 wall-clock minutes per drafter" in md
+    assert "Steps = what each run's own planner (`train.max_minutes`) fitted" in md
     assert "Literature order: EAGLE-2 > EAGLE-1. Measured:" in md
     assert "### Lossless gate (`lossless` run, greedy, float32): 1 prompt(s) per set of gsm8k" in md
     assert "2 methods reproduced plain greedy decoding token for token in float32." in md

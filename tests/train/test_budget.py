@@ -46,6 +46,15 @@ def test_a_step_costs_the_mean_load_at_the_recent_pace_plus_pauses():
     assert planner.seconds_per_step() == pytest.approx(0.5 + 2.0 / 5)
 
 
+def test_steps_that_all_follow_a_pause_still_give_a_pace():
+    # a checkpoint after every step (save_every 1): with no pace yet the pause is the step's cost,
+    # so the planner is ready after as many steps as without pauses (it once never planned)
+    planner, _ = planner_after([(1.0, 100, True)] + [(0.8, 100, True)] * 3)
+    assert planner.ready() and planner.seconds_per_step() == pytest.approx(0.8)
+    planner.record(10.0, 100, True)  # with a pace, a paused step's excess is pause time again
+    assert len(planner.window) == 3 and planner.pause_seconds == pytest.approx((10.0 - 3.4) - 0.8)
+
+
 def test_the_plan_fits_the_budget_left_after_the_final_evaluation():
     steps = [(1.0, 100, False)] + [(0.5, 100, False)] * 3  # 2.5 s on the clock, 0.5 s a step
     planner, clock = planner_after(steps, budget=20.0)
