@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.bench.engine_stage import engine_folder
-from draftsmith.bench.report_findings import bars, limits, ordering
+from draftsmith.bench.report_findings import bars, limits, ordering, paired_differences
 from draftsmith.bench.report_plots import write_plots
 from draftsmith.bench.report_sections import (
     engine_section,
@@ -186,6 +186,8 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
     lines += ["### Bars (greedy)", "", *bar_lines, ""]
     if missed:
         lines += ["Missed:", "", *[f"- {m}" for m in missed], ""]
+    paired = paired_differences(bench)
+    lines += [*paired, ""] if paired else []
     order_lines = ordering(bench)
     if order_lines:
         lines += ["### Ordering by tau (greedy)", "", *order_lines, ""]

@@ -8,6 +8,7 @@ from draftsmith.bench.report_stats import (
     depth_rates,
     draft_share,
     method_names,
+    paired_speedup_difference,
     set_mean,
     step_ms,
 )
@@ -64,6 +65,49 @@ def bars(bench: dict) -> tuple[list[str], list[str]]:
         lines.append(line)
         missed += [miss] if miss else []
     return lines, missed
+
+
+def compared_pairs(bench: dict) -> list[tuple[str, str]]:
+    """The (method, other) speedup comparisons the bars make: each hybrid and the best trained
+    drafter against prompt lookup (and the draft model), and each `relative_bars` speedup bar."""
+    cfg = bench["config"]
+    summary = bench["eval"].get("0", {}).get("summary") or {}
+    methods = list(summary.get("all", {}))
+    pairs = []
+    if cfg.get("speedup_bar"):
+        hybrids = [m for m in methods if m.startswith("drafter_lookup")]
+        trained = [m for m in methods if m.startswith("drafter") and m not in hybrids]
+        best = max(trained, key=lambda m: set_mean(summary, m, "speedup") or 0, default=None)
+        for baseline in ("prompt_lookup", "draft_model"):
+            if baseline in methods:
+                pairs += [(m, baseline) for m in ([best] if best else []) + hybrids]
+    pairs += [(bar["method"], bar["than"]) for bar in cfg.get("relative_bars") or []
+              if bar["metric"] == "speedup"]
+    return list(dict.fromkeys(pairs))
+
+
+def paired_differences(bench: dict) -> list[str]:
+    """One line per compared pair: the speedup difference on the same prompts with its 95%
+    bootstrap interval, and whether the prompt sample alone could explain it."""
+    per_prompt = bench["eval"].get("0", {}).get("per_prompt")
+    if not per_prompt:
+        return []
+    names = method_names(bench)
+    lines = []
+    for method, other in compared_pairs(bench):
+        found = paired_speedup_difference(per_prompt, method, other)
+        if found is None:
+            continue
+        point, low, high = found
+        verdict = ("the interval holds 0: this run's prompts cannot tell them apart"
+                   if low <= 0 <= high else "outside what the prompt sample alone explains")
+        lines.append(f"- {names.get(method, method)} minus {names.get(other, other)}: "
+                     f"{point:+.2f}x (95% interval {low:+.2f} to {high:+.2f}x; {verdict})")
+    if not lines:
+        return []
+    count = sum(len(rows["prompts"]) for rows in per_prompt.values())
+    return [f"Speedup differences on the same {count} prompts (each prompt's timings paired; "
+            "2,000 bootstrap resamples of the prompts within each set):", "", *lines]
 
 
 def _relative_bar(summary: dict, names: dict, bar: dict) -> tuple[str, str | None]:

@@ -4,6 +4,7 @@ time per decode round, display names."""
 
 from __future__ import annotations
 
+import random
 import statistics
 from pathlib import Path
 
@@ -63,3 +64,41 @@ def _recipe_kind(recipe: str | None) -> str | None:
         return (yaml.safe_load(Path(recipe).read_text()).get("drafter") or {}).get("kind")
     except (OSError, TypeError, AttributeError, yaml.YAMLError):
         return None
+
+
+def _set_mean_speedup(per_prompt: dict, method: str, picks: dict) -> float:
+    """Mean over the sets of the method's tokens/s over plain's on the picked prompts."""
+    ratios = []
+    for set_name, rows in per_prompt.items():
+        chosen = picks[set_name]
+
+        def rate(name, rows=rows, chosen=chosen):
+            return sum(rows[name][i][0] for i in chosen) / sum(rows[name][i][1] for i in chosen)
+        ratios.append(rate(method) / rate("plain"))
+    return statistics.fmean(ratios)
+
+
+def paired_speedup_difference(per_prompt: dict, method: str, other: str, resamples: int = 2000,
+                              seed: int = 0) -> tuple[float, float, float] | None:
+    """The set-mean speedup of `method` minus `other`'s on the same prompts, and its 95% interval
+    by a paired bootstrap (prompts resampled within each set, both methods and plain decoding
+    on the same draws), or None where the timings are missing.
+
+    Each speedup is a tokens/s ratio against plain decoding in the same run, as BENCHMARKS.md's
+    table states it; resampling prompts shows how much of a difference between two methods the
+    prompt sample alone could make.
+    """
+    sets = {name: rows for name, rows in (per_prompt or {}).items()
+            if rows.get("prompts") and all(m in rows for m in (method, other, "plain"))}
+    if not sets:
+        return None
+    everything = {name: range(len(rows["prompts"])) for name, rows in sets.items()}
+    point = _set_mean_speedup(sets, method, everything) - _set_mean_speedup(sets, other, everything)
+    draw = random.Random(seed)
+    diffs = []
+    for _ in range(resamples):
+        picks = {name: [draw.randrange(len(rows["prompts"])) for _ in rows["prompts"]]
+                 for name, rows in sets.items()}
+        diffs.append(_set_mean_speedup(sets, method, picks) - _set_mean_speedup(sets, other, picks))
+    diffs.sort()
+    return point, diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]

@@ -342,6 +342,24 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
                           setting=f"{where}.max_new_tokens")
 
 
+def per_prompt_timings(records: list[dict]) -> dict:
+    """{set: {"prompts": [[item, turn], ...], method: [[new tokens, seconds], ...]}}: each
+    method's timing of the same prompts in the same order, the prompts every method decoded
+    (what a paired comparison of two methods' speedups resamples)."""
+    by_set: dict[str, dict[tuple, dict]] = {}
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    for r in records:
+        key = (str(r["item_id"]), int(r.get("turn", 0)))
+        by_set.setdefault(r["set_name"], {}).setdefault(key, {})[r["method"]] = \
+            [r["new_tokens"], r["total_seconds"]]
+    table = {}
+    for set_name, prompts in sorted(by_set.items()):
+        keys = sorted(k for k, done in prompts.items() if len(done) == len(methods))
+        table[set_name] = {"prompts": [list(k) for k in keys],
+                           **{m: [prompts[k][m] for k in keys] for m in methods}}
+    return table
+
+
 def run_bench(config: BenchConfig,
               stages: tuple[str, ...] = ("data", "train", "eval", "engine"),
               log=print) -> Path:
@@ -378,7 +396,9 @@ def run_bench(config: BenchConfig,
         "training": records,
         "curves": {label: [r for r in _metrics(out / "train" / label)
                            if any(k.startswith("eval/") for k in r)] for label in records},
-        "eval": {t: {k: v for k, v in e.items() if k != "records"} for t, e in evals.items()},
+        "eval": {t: {**{k: v for k, v in e.items() if k != "records"},
+                     "per_prompt": per_prompt_timings(e.get("records") or [])}
+                 for t, e in evals.items()},
         "passes": {n: {k: v for k, v in e.items() if k not in ("records", "batch_records")}
                    for n, e in passes.items()},
         "engines": {name: {k: v for k, v in check.items() if k != "records"}

@@ -78,6 +78,7 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     assert "missed" in md and "misses 2.6 by" in md
     assert "### Training: 0.001 wall-clock minutes per drafter" in md
     assert "Steps = what each run's own planner (`train.max_minutes`) fitted" in md
+    assert "Speedup differences on the same 1 prompts" in md  # the best drafter vs prompt lookup
     assert "Literature order: EAGLE-2 > EAGLE-1. Measured:" in md
     assert "### Lossless gate (`lossless` run, greedy, float32): 1 prompt(s) per set of gsm8k" in md
     assert "2 methods reproduced plain greedy decoding token for token in float32." in md
