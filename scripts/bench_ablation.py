@@ -62,6 +62,10 @@ ARMS = {
     "block4": ["drafter.block_size=4", "drafter.anchors_per_sequence=64"],
     "block4x128": ["drafter.block_size=4", "drafter.anchors_per_sequence=128"],
     "block4x32": ["drafter.block_size=4", "drafter.anchors_per_sequence=32"],
+    # block drafters' position weights: decay (exp(-(k-1)/gamma), the default) leaves positions
+    # 2-3 at 0.61 / 0.37 of position 1's weight for block 4; uniform and D-PACE weigh them more
+    "uniform": ["drafter.position_weights=uniform"],
+    "dpace": ["drafter.position_weights=dpace"],
     # one draft layer (EAGLE-3's depth): half the drafter's forward, in training and decoding
     "block4l1": ["drafter.block_size=4", "drafter.anchors_per_sequence=64", "drafter.num_layers=1"],
 }
