@@ -165,8 +165,7 @@ class BenchConfig:
             `draftsmith.target.TargetSpec`, `target_spec()`; bench.json records them as written).
         data: the data recipe every drafter trains on (prepared once).
         out_dir: everything the benchmark writes for this target (resumable).
-        budget_minutes: wall-clock training minutes per drafter on this machine
-            (`train.max_minutes` of each run, whose planner sets the steps from its own pace).
+        budget_minutes: wall-clock training minutes per drafter (each run's `train.max_minutes`).
         calibration_steps: steps of a short calibration run of each drafter, whose step estimate
             sets the warmup, the checkpoint and evaluation cadence and the ceiling on steps.
         train: overrides of every drafter's `train:` section.

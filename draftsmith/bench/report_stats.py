@@ -102,3 +102,21 @@ def paired_speedup_difference(per_prompt: dict, method: str, other: str, resampl
         diffs.append(_set_mean_speedup(sets, method, picks) - _set_mean_speedup(sets, other, picks))
     diffs.sort()
     return point, diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
+
+
+def per_prompt_timings(records: list[dict]) -> dict:
+    """{set: {"prompts": [[item, turn], ...], method: [[new tokens, seconds], ...]}}: each
+    method's timing of the same prompts in the same order, the prompts every method decoded
+    (what a paired comparison of two methods' speedups resamples)."""
+    by_set: dict[str, dict[tuple, dict]] = {}
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    for r in records:
+        key = (str(r["item_id"]), int(r.get("turn", 0)))
+        by_set.setdefault(r["set_name"], {}).setdefault(key, {})[r["method"]] = \
+            [r["new_tokens"], r["total_seconds"]]
+    table = {}
+    for set_name, prompts in sorted(by_set.items()):
+        keys = sorted(k for k, done in prompts.items() if len(done) == len(methods))
+        table[set_name] = {"prompts": [list(k) for k in keys],
+                           **{m: [prompts[k][m] for k in keys] for m in methods}}
+    return table

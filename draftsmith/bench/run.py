@@ -29,6 +29,7 @@ import yaml
 
 from draftsmith.bench.config import BenchConfig, KindEntry
 from draftsmith.bench.engine_stage import engine_check, read_engine_checks
+from draftsmith.bench.report_stats import per_prompt_timings
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
 from draftsmith.files import write_json
@@ -340,24 +341,6 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
         check_prompts_fit(tokenizer, gather_prompts(sets, (), limit), context,
                           max_new_tokens, draft_margin(settings, ev.autotune_tree),
                           setting=f"{where}.max_new_tokens")
-
-
-def per_prompt_timings(records: list[dict]) -> dict:
-    """{set: {"prompts": [[item, turn], ...], method: [[new tokens, seconds], ...]}}: each
-    method's timing of the same prompts in the same order, the prompts every method decoded
-    (what a paired comparison of two methods' speedups resamples)."""
-    by_set: dict[str, dict[tuple, dict]] = {}
-    methods = list(dict.fromkeys(r["method"] for r in records))
-    for r in records:
-        key = (str(r["item_id"]), int(r.get("turn", 0)))
-        by_set.setdefault(r["set_name"], {}).setdefault(key, {})[r["method"]] = \
-            [r["new_tokens"], r["total_seconds"]]
-    table = {}
-    for set_name, prompts in sorted(by_set.items()):
-        keys = sorted(k for k, done in prompts.items() if len(done) == len(methods))
-        table[set_name] = {"prompts": [list(k) for k in keys],
-                           **{m: [prompts[k][m] for k in keys] for m in methods}}
-    return table
 
 
 def run_bench(config: BenchConfig,

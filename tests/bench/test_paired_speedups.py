@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from draftsmith.bench.report_findings import paired_differences
-from draftsmith.bench.report_stats import paired_speedup_difference
-from draftsmith.bench.run import per_prompt_timings
+from draftsmith.bench.report_stats import paired_speedup_difference, per_prompt_timings
 
 
 def record(method, set_name, item, seconds, tokens=10, turn=0):
