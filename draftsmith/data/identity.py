@@ -69,7 +69,9 @@ def file_fingerprint(path: Path) -> str:
 def _tensor_sample(tensor: torch.Tensor) -> bytes:
     flat = tensor.detach().reshape(-1)
     if flat.numel() > SAMPLED_VALUES:
-        index = torch.linspace(0, flat.numel() - 1, SAMPLED_VALUES, device=flat.device).long()
+        # evenly spaced, in integers: float32 positions round past the end above 2**24 values
+        steps = torch.arange(SAMPLED_VALUES, device=flat.device)
+        index = steps * (flat.numel() - 1) // (SAMPLED_VALUES - 1)
         flat = flat[index]
     if flat.is_floating_point():
         flat = flat.to(torch.bfloat16).float()

@@ -14,43 +14,19 @@ import pytest
 from draftsmith.eval import executor
 from draftsmith.registry import DRAFTERS
 from tests.helpers.cli import assert_refused, run_cli
-from tests.helpers.drafters import VARIANTS, small_settings
-from tests.helpers.export_helpers import build_drafter, write_checkpoint
-from tests.helpers.tiny_targets import save_target_and_draft
+from tests.helpers.gate import every_kind_gate, gate_args
 
 pytestmark = pytest.mark.slow
-PROMPTS = "Hi!\nName a colour.\nOk\n"
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """(target folder, draft folder, prompt file, drafter args, methods)."""
-    root = tmp_path_factory.mktemp("gate")
-    target = save_target_and_draft(root)
-    drafter_args, methods = [], ["plain", "prompt_lookup", "draft_model"]
-    drafters = [(kind, kind, small_settings(kind)) for kind in DRAFTERS]
-    drafters += [(kind, f"{kind}-{name}".replace(".", ""), {**small_settings(kind), **extra})
-                 for kind, variants in VARIANTS.items() for name, extra in variants.items()]
-    for kind, label, settings in drafters:  # every kind, and each variant (EAGLE-3.1, ...)
-        spec = DRAFTERS[kind]
-        folder = write_checkpoint(root / label / "drafter", kind,
-                                  build_drafter(kind, target, settings), target, settings)
-        drafter_args += ["--drafter", f"{label}={folder}"]
-        methods += [f"drafter@{label}", f"drafter_lookup@{label}"]
-        if "chain" in spec.tree_shapes and spec.default_tree != "chain":
-            methods.append(f"drafter_chain@{label}")
-    prompts = root / "prompts.txt"
-    prompts.write_text(PROMPTS)
-    return root, prompts, drafter_args, methods
+    """(target folder, prompt file, drafter args, methods)."""
+    return every_kind_gate(tmp_path_factory.mktemp("gate"))
 
 
 def _args(setup, out, methods=None):
-    root, prompts, drafter_args, all_methods = setup
-    return ["eval", "--target", str(root / "target"), "--draft-model", str(root / "draft"),
-            "--prompts", str(prompts), "--max-new-tokens", "10", "--num-draft-tokens", "3",
-            "--tree-depth", "3", "--tree-total-tokens", "6", "--batch-size", "1,2",
-            "--methods", ",".join(methods or all_methods), *drafter_args, "--check-lossless",
-            "--out", str(out)]
+    return gate_args(setup, out, methods)
 
 
 def test_every_kind_passes_the_greedy_gate_at_every_batch_size(setup, tmp_path):
