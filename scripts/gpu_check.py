@@ -16,6 +16,8 @@ Stages:
   target8b  the Llama-3.1-8B EAGLE-3 recipe's training step (batch 2 x grad_accum 2 x 2,048
             tokens, every position trained) on a randomly initialised target of the real shapes:
             peak GPU memory against `draftsmith plan` for this GPU, and seconds per step
+  profile   plain decoding of the tiny target, draftsmith's loop against transformers' generate,
+            with the loop's operators by CPU time
   verify    the verify-cost curve of that target (bf16, batch 1, after 512 tokens) and plain
             decoding tokens/s through draftsmith's runner against transformers' generate
 --small shrinks the 8B target to 4 layers of width 512 (to try the script on a CPU).
@@ -36,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-STAGES = ("env", "gate", "target8b", "verify", "train")
+STAGES = ("env", "gate", "target8b", "verify", "train", "profile")
 RECIPE_8B = ROOT / "recipes" / "llama-3.1-8b" / "eagle3.yaml"
 TARGET_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -52,7 +54,8 @@ class Check:
     def stage(self, name: str, work) -> None:
         start = time.perf_counter()
         try:
-            result = {"ok": True, **work()}
+            result = work()
+            result = {"ok": result.pop("ok_all", True), **result}
         except Exception as err:  # a failed stage is the finding: record it and go on
             result = {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000],
                       "traceback": traceback.format_exc()[-4000:]}
@@ -64,7 +67,8 @@ class Check:
     def run(self, name: str, command: list[str], timeout: float = 300) -> dict:
         """A command in its own process; its output to OUT/name.log; rc and the output's tail."""
         start = time.perf_counter()
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                   env=env, cwd=ROOT)
@@ -297,6 +301,39 @@ def verify_stage(check: Check, small: bool) -> dict:
     return result
 
 
+def profile_stage(check: Check) -> dict:
+    """Plain decoding of a tiny target through draftsmith's loop against transformers' generate,
+    and where the loop's time goes (torch profiler, CPU-side operators by self time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from draftsmith.decoding.decode import generate
+    from draftsmith.decoding.proposers.base import NoDraftProposer
+    from draftsmith.decoding.runner import CausalLMRunner
+    from tests.helpers.tiny_targets import tiny_target
+
+    target = tiny_target("llama").to(check.device)
+    runner, prompt, new = CausalLMRunner(target), list(range(2, 34)), 64
+    result = {}
+    for name in ("runner_warm", "runner", "hf_warm", "hf"):
+        start = time.perf_counter()
+        if name.startswith("runner"):
+            generate(runner, NoDraftProposer(), prompt, new)
+        else:
+            target.generate(torch.tensor([prompt], device=check.device), max_new_tokens=new,
+                            min_new_tokens=new, do_sample=False, pad_token_id=0)
+        if check.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        result[f"{name}_ms_per_token"] = round((time.perf_counter() - start) * 1e3 / new, 2)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if check.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        generate(runner, NoDraftProposer(), prompt, new)
+    result["runner_profile"] = prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                         row_limit=30)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -321,6 +358,8 @@ def main() -> int:
             import torch
 
             torch.cuda.empty_cache()
+        if "profile" in stages:
+            check.stage("profile", lambda: profile_stage(check))
         if "train" in stages:
             check.stage("train", lambda: train_stage(check, work))
     return 0 if all(s["ok"] for s in check.record["stages"].values()) else 1
