@@ -151,8 +151,14 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                                                                           prompts, log)
 
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}], runner.chat_template)
-    for method in config.methods:  # first calls pay one-time costs; keep them out of the numbers
+    # first calls pay one-time costs (a GPU loads kernels lazily, per shape class): each method
+    # runs the short prompt and the shortest and longest first turns before any timing
+    firsts = sorted((render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}],
+                                 runner.chat_template) for p in prompts), key=len)
+    for method in config.methods:
         runner.run(method, warm, 8)
+        for ids in {tuple(firsts[0]), tuple(firsts[-1])} if firsts else ():
+            runner.run(method, list(ids), 16)
     variants = TargetVariants(runner, log)  # quantized copies of the target (--target-quant)
     variants.warm(warm)
 
