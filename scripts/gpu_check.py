@@ -163,8 +163,8 @@ def train_stage(check: Check, work: Path) -> dict:
         meta = root / name / "drafter" / "draftsmith_drafter.json"
         if meta.is_file():
             saved = json.loads(meta.read_text())
-            result[name]["saved"] = {k: saved.get(k) for k in
-                                     ("num_processes", "mixed_precision", "target_dtype")}
+            keys = ("num_processes", "training_steps", "target_parameters_per_rank")
+            result[name]["saved"] = {k: saved.get(k) for k in keys}
             drafters += ["--drafter", f"{name}={root / name / 'drafter'}"]
         metrics = root / name / "metrics.jsonl"
         if metrics.is_file():
