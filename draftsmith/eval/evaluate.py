@@ -76,6 +76,14 @@ def _autotuned(method: str, drafters: dict) -> bool:
     return shape == "dynamic" or (shape == "chain" and _is_block(method, drafters))
 
 
+def method_order(methods: list[str], turn_index: int) -> list[str]:
+    """The methods of one prompt turn, each turn starting one method later: whichever runs first
+    on a new prompt meets its shapes first (a GPU loads kernels lazily), so no method, plain
+    decoding included, pays that on every prompt."""
+    start = turn_index % len(methods)
+    return methods[start:] + methods[:start]
+
+
 def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBudget,
                                                                            ProposerSettings]:
     """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py); a
@@ -173,22 +181,23 @@ def run_eval(config: EvalConfig, log=print) -> dict:
             for turn, text in enumerate(item.turns):
                 messages.append({"role": "user", "content": text})
                 prompt_ids = render_chat(tokenizer, messages, runner.chat_template)
-                reference = None
-                for method in config.methods:
+                outputs = {}
+                for method in method_order(config.methods, len(turns)):
                     progress.set_postfix_str(f"{item.set_name}/{item.item_id} {method}")
-                    tokens, record = runner.run(method, prompt_ids, config.max_new_tokens,
-                                                item.set_name, item.item_id, turn)
+                    outputs[method], record = runner.run(method, prompt_ids,
+                                                         config.max_new_tokens, item.set_name,
+                                                         item.item_id, turn)
                     records.append(record)
-                    if reference is None:
-                        reference = tokens
-                    else:
-                        identical[method][0] += tokens == reference
-                        identical[method][1] += 1
-                        if tokens != reference and method not in divergent:
-                            divergent[method] = with_logit_gap(first_divergence(
-                                tokenizer, reference, tokens, item, turn), runner, method,
-                                prompt_ids, reference, tokens)
                     progress.update()
+                reference = outputs[config.methods[0]]
+                for method in config.methods[1:]:
+                    tokens = outputs[method]
+                    identical[method][0] += tokens == reference
+                    identical[method][1] += 1
+                    if tokens != reference and method not in divergent:
+                        divergent[method] = with_logit_gap(first_divergence(
+                            tokenizer, reference, tokens, item, turn), runner, method,
+                            prompt_ids, reference, tokens)
                 variants.run_turn(prompt_ids, item, turn, progress)
                 turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids, reference))
                 messages.append({"role": "assistant",
