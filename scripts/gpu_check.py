@@ -88,8 +88,10 @@ def env_stage(device: str) -> dict:
     import torch
     import transformers
 
-    info = {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cpu": platform.processor()}
+    from draftsmith.precision import hardware_record
+
+    info = {**hardware_record(device), "python": platform.python_version(),
+            "transformers": transformers.__version__}
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_bytes=props.total_memory,
@@ -188,25 +190,28 @@ def train_stage(check: Check, work: Path) -> dict:
 
 
 def target_8b(small: bool, device: str):
-    """The 8B target's config (2 layers of width 512 when small) and a random model of it."""
+    """The 8B target's config (4 layers of width 512 when small), a random model of it in the
+    dtype `auto` chooses on `device` (measured on a CPU), and that choice."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from draftsmith.plan.shapes import target_config
+    from draftsmith.precision import choose_dtype
 
     config, _ = target_config(TARGET_8B)
     if small:
         config.update({"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1024,
                        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64})
+    choice = choose_dtype("auto", device, config.hidden_size, config.intermediate_size)
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(getattr(torch, choice.dtype))
     try:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config)
     finally:
         torch.set_default_dtype(previous)
-    return config, model.eval().requires_grad_(False)
+    return config, model.eval().requires_grad_(False), choice
 
 
 def target8b_stage(check: Check, work: Path, small: bool) -> dict:
@@ -217,10 +222,10 @@ def target8b_stage(check: Check, work: Path, small: bool) -> dict:
     from draftsmith.train.loop import make_accelerator, run_training
     from draftsmith.train.recipe import load_recipe
 
-    config, target = target_8b(small, check.device)
+    config, target, choice = target_8b(small, check.device)
     overrides = [f"train.output_dir={work / 'train8b'}", "train.max_steps=6",
                  "train.warmup_steps=0", "train.save_every=100000", "train.eval_every=100000",
-                 "train.eval_fraction=0.0", "train.wandb=false", "target.dtype=bfloat16"]
+                 "train.eval_fraction=0.0", "train.wandb=false", f"target.dtype={choice.dtype}"]
     config_file = work / "target8b_config.json"
     config_file.write_text(config.to_json_string())
     gpu = check.record["stages"].get("env", {}).get("gpu_memory_bytes")
@@ -247,7 +252,8 @@ def target8b_stage(check: Check, work: Path, small: bool) -> dict:
     rows = [json.loads(line) for line in (work / "train8b" / "metrics.jsonl").read_text()
             .splitlines()]
     steps = [row for row in rows if "loss" in row]
-    result = {"plan_peak_bytes": plan.plan.peak, "plan": format_report(plan),
+    result = {"dtype": choice.dtype, "dtype_reason": choice.reason,
+              "plan_peak_bytes": plan.plan.peak, "plan": format_report(plan),
               "plan_terms": {t.name: t.bytes for t in plan.plan.terms},
               "target_weights_bytes": weights, "train_seconds": round(seconds, 1),
               "steps": len(steps), "step_seconds": [  # the log's seconds count from the start
@@ -273,7 +279,7 @@ def verify_stage(check: Check, small: bool) -> dict:
 
     target = getattr(check, "target", None)
     if target is None:
-        _, target = target_8b(small, check.device)
+        _, target, _ = target_8b(small, check.device)
     runner = CausalLMRunner(target)
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
     costs = measure_verify_cost(runner, sizes, context_len=512, repeats=5)
