@@ -163,10 +163,11 @@ def run_eval(config: EvalConfig, log=print) -> dict:
     # runs the short prompt and the shortest and longest first turns before any timing
     firsts = sorted((render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}],
                                  runner.chat_template) for p in prompts), key=len)
+    extremes = [firsts[0], firsts[-1]] if firsts and firsts[-1] != firsts[0] else firsts[:1]
     for method in config.methods:
         runner.run(method, warm, 8)
-        for ids in {tuple(firsts[0]), tuple(firsts[-1])} if firsts else ():
-            runner.run(method, list(ids), 16)
+        for ids in extremes:
+            runner.run(method, ids, 16)
     variants = TargetVariants(runner, log)  # quantized copies of the target (--target-quant)
     variants.warm(warm)
 

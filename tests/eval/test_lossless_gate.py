@@ -25,12 +25,8 @@ def setup(tmp_path_factory):
     return every_kind_gate(tmp_path_factory.mktemp("gate"))
 
 
-def _args(setup, out, methods=None):
-    return gate_args(setup, out, methods)
-
-
 def test_every_kind_passes_the_greedy_gate_at_every_batch_size(setup, tmp_path):
-    result = run_cli(_args(setup, tmp_path))
+    result = run_cli(gate_args(setup, tmp_path))
     assert result.returncode == 0, result.stderr
     assert "lossless check passed" in result.stdout
     payload = json.loads((tmp_path / "eval.json").read_text())
@@ -62,7 +58,7 @@ def test_a_batched_divergence_fails_the_gate(setup, tmp_path, monkeypatch):
         return result
 
     monkeypatch.setattr(executor.MethodExecutor, "run_batch", corrupt)
-    result = run_cli(_args(setup, tmp_path, ["plain", "prompt_lookup"]))
+    result = run_cli(gate_args(setup, tmp_path, ["plain", "prompt_lookup"]))
     assert_refused(result, "lossless check failed: prompt_lookup (batch 2) diverged from plain "
                    "decoding on prompts/", "at new token 2")
 
