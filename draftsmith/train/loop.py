@@ -162,6 +162,11 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
         step = progress_state["step"]
         schedule.total = progress_state["total_steps"]
         accelerator.print(f"resuming from {resume} at step {step} of {schedule.total}")
+        minutes_then = progress_state["run"]["settings"].get("train.max_minutes")
+        if cfg.max_minutes is not None and minutes_then not in (None, cfg.max_minutes):
+            accelerator.print(f"train.max_minutes={cfg.max_minutes:g} (the run started with "
+                              f"{minutes_then:g}): the rest of the run is planned to the new "
+                              "budget, minutes spent before included")
     # with a budget the total follows the measured pace (`planned`: the total is final); a
     # resumed run starts from its checkpoint's total, schedule and minutes spent
     budget = progress_state.get("budget") or {}

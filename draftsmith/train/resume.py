@@ -3,8 +3,9 @@
 A checkpoint records the run it belongs to (`run_record`): the recipe's settings, the target's
 fingerprint (config and weights, as the data cache records them), the training data's fingerprint
 and the number of processes. A resumed run must match it, except in the settings that only decide
-what is logged and written where (`FREE_SETTINGS`); otherwise it stops before loading anything,
-naming what changed and the fix. Loading never unpickles anything but tensors and plain values:
+what is logged and written where (`FREE_SETTINGS`), and in its budget while the schedule can
+still take a new total (`budget_extendable`: a run extended or cut short from its stable phase);
+otherwise it stops before loading anything, naming what changed and the fix. Loading never unpickles anything but tensors and plain values:
 every torch file in the folder is first read with `torch.load(weights_only=True)`, the scheduler's
 position is JSON and the random generators' states are safetensors.
 """
@@ -35,6 +36,9 @@ FREE_SETTINGS = frozenset({
     "train.wandb", "train.wandb_project", "target.name", "target.trust_remote_code",
     "data.tokenized", "data.out_dir",
 })
+# A budgeted run resumed while its schedule can still take a new total may change these
+# (`budget_extendable`): the planner re-sizes the rest of the run to the new budget.
+BUDGET_SETTINGS = frozenset({"train.max_minutes", "train.max_steps"})
 _SAFE_SUFFIXES = (".json", ".safetensors")
 
 
@@ -154,12 +158,17 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
     missing = "(unset)"
     # a train setting added since that run was written counts as its default there
     then = {**{k: v for k, v in _train_defaults().items() if k in now}, **then}
-    changed = [key for key in changed_settings(then, now) if key not in FREE_SETTINGS]
+    extendable = budget_extendable(progress, then, now)
+    changed = [key for key in changed_settings(then, now)
+               if key not in FREE_SETTINGS and not (extendable and key in BUDGET_SETTINGS)]
     if changed:
         differences = setting_differences(then, now, changed, "in that run")
         back = " ".join(f"{key}={_show(then.get(key, missing))}" for key in changed)
         note = (" (a run's learning-rate schedule is fixed by its total steps when it starts)"
                 if "train.max_steps" in changed else "")
+        if "train.max_minutes" in changed and then.get("train.max_minutes") is not None:
+            note += (" (a budget may change on resume only while the schedule can still take a "
+                     "new total: before wsd's decay, before cosine's second half, or constant)")
         raise DraftsmithError(f"{folder} belongs to a run with other settings: {differences}"
                               f"{note}; set {back} to resume it, {new_run}")
     target_then, target_now = saved.get("target") or {}, record["target"]
@@ -183,6 +192,29 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
             f"one has {record['num_processes']}: the global batch and the data position depend on "
             f"it; launch with --num_processes {saved.get('num_processes')} to resume it, "
             f"{new_run}")
+
+
+def budget_extendable(progress: dict, then: dict, now: dict) -> bool:
+    """Whether a resume may set another `train.max_minutes` (and `train.max_steps`, its
+    ceiling): the run and this resume both have a budget, the total was still being planned when
+    the checkpoint was written, and the schedule could take a new total at its step without
+    changing a rate it used (`StepSchedule.revisable`: wsd's stable phase, cosine's first half,
+    constant). The planner then sizes the rest to the new budget, minutes spent before included,
+    as a revision within the run would: a 70-minute run resumed from a checkpoint in its stable
+    phase with 140 minutes trains on at the peak rate and decays at the new end."""
+    from draftsmith.train.budget import StepSchedule
+
+    if then.get("train.max_minutes") is None or now.get("train.max_minutes") is None \
+            or progress.get("planned", True):
+        return False
+    anchor = (progress.get("budget") or {}).get("anchor")
+    try:
+        schedule = StepSchedule(int(then["train.warmup_steps"]), progress["total_steps"],
+                                then["train.schedule"], float(then["train.decay_fraction"]),
+                                tuple(anchor) if anchor else None)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return schedule.revisable(progress["step"])
 
 
 def changed_settings(then: dict, now: dict) -> list[str]:

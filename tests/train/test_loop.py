@@ -299,3 +299,76 @@ def test_block_drafters_start_from_the_data_statistics(kind, tmp_path):
     for name, weight in weights.items():
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             assert weight.abs().max() < 1e-6, name
+
+
+def _settings_record(**train):
+    settings = {"drafter.kind": "eagle1", "train.warmup_steps": 2, "train.schedule": "wsd",
+                "train.decay_fraction": 0.2, "train.max_minutes": 70.0, "train.max_steps": 9000,
+                **train}
+    return {"settings": settings, "target": {"name": "t", "config_sha256": "a",
+                                             "weights_sha256": "b"},
+            "data": {"examples": 3, "sha256": "c"}, "num_processes": 1}
+
+
+def test_a_budget_changes_on_resume_only_while_the_schedule_takes_a_new_total(tmp_path):
+    """wsd over 100 steps decays from step 80: a checkpoint at step 50 may be resumed with another
+    budget (and ceiling), one at step 90 may not (its rates would change), nor one whose total was
+    fixed without a budget; the refusal says why."""
+    from draftsmith.train.resume import check_same_run
+
+    def progress(step, planned=False, **train):
+        return {"step": step, "total_steps": 100, "planned": planned,
+                "budget": {"spent_seconds": 60.0, "plans": 3, "anchor": None},
+                "run": _settings_record(**train)}
+
+    longer = _settings_record(**{"train.max_minutes": 140.0, "train.max_steps": 20000})
+    check_same_run(tmp_path, progress(50), longer)
+    with pytest.raises(DraftsmithError, match=r"train\.max_minutes=140\.0 here but 70\.0 in that "
+                       r"run.*only while the schedule can still take a new total"):
+        check_same_run(tmp_path, progress(90), longer)
+    with pytest.raises(DraftsmithError, match=r"train\.max_minutes=140\.0 here but null"):
+        check_same_run(tmp_path, progress(50, **{"train.max_minutes": None}), longer)
+    with pytest.raises(DraftsmithError, match=r"train\.lr"):  # anything else still must match
+        check_same_run(tmp_path, progress(50), _settings_record(
+            **{"train.max_minutes": 140.0, "train.lr": 0.5}))
+
+
+def test_a_budget_run_resumed_with_a_larger_budget_trains_on_to_it(tmp_path, monkeypatch, capsys):
+    """Killed at step 12 of a 0.2-minute wsd run (faked clock, 0.5 s a step: about 22 steps), its
+    step-10 checkpoint (stable phase) resumed with 0.4 minutes re-plans to about twice the steps,
+    says so, and decays at the new end."""
+    import draftsmith.train.loop as loop
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
+    target, data = tiny_target("llama"), examples()
+
+    def run(minutes):
+        reset_accelerate()
+        clock = iter(range(10_000))  # the loop reads the clock once per step
+        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * 0.5)
+        recipe = recipe_for("eagle1", tmp_path, max_steps=100, max_minutes=minutes, save_every=5,
+                            schedule="wsd", warmup_steps=2)
+        return run_training(recipe, data, target=target)
+
+    original = metrics_module.MetricsLog.write
+
+    def crash_at_step_12(self, row):
+        if row.get("step") == 12 and "loss" in row:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, row)
+
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        run(0.2)
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    first = json.loads((tmp_path / "eagle1" / "checkpoints" / "step_10" / "progress.json")
+                       .read_text())["total_steps"]
+    capsys.readouterr()
+    run(0.4)
+    assert "train.max_minutes=0.4 (the run started with 0.2)" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "eagle1" / "metrics.jsonl").open()]
+    steps = [r for r in rows if "loss" in r]
+    last = steps[-1]["step"]
+    assert 18 <= first <= 24 and 1.7 * first <= last <= 2.3 * first
+    assert steps[-1]["lr"] < 0.2e-3 and max(r["lr"] for r in steps if r["step"] > first) == 1e-3
