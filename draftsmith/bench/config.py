@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.bench.extend import resolve_extensions
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.engines.engine_env import own_engine_python, require_gpu_engine
 from draftsmith.errors import DraftsmithError
@@ -27,14 +28,18 @@ class KindEntry:
             `out_dir/data-<its file name>`, shared by the entries naming the same file): how a
             drafter scales with data, the other entries as the reference.
         budget_minutes: its own wall-clock budget instead of the benchmark's.
+        extends: another drafter's label: this one is that run trained on to `budget_minutes`
+            from its last checkpoint before the decay (bench/extend.py; it takes that drafter's
+            recipe and settings and sets none of its own).
     """
 
     label: str
-    recipe: str
+    recipe: str | None = None
     drafter: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
     data: str | None = None
     budget_minutes: float | None = None
+    extends: str | None = None
 
 
 PASS_KEYS = ("methods", "batch_sizes", "target_quant", "check_lossless", "limit", "max_new_tokens",
@@ -252,6 +257,7 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
                for label, v in kinds.items()]
     evaluation = _section(EvalSection, raw.pop("eval", None) or {}, f"{path}: eval")
     config = _section(BenchConfig, raw, str(path), kinds=entries, eval=evaluation, path=str(path))
+    resolve_extensions(entries, path)
     for file in [config.data, *[k.recipe for k in entries], *[k.data for k in entries if k.data]]:
         if not Path(file).is_file():
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")

@@ -121,6 +121,13 @@ def _steps_note(bench: dict) -> str:
     return "Steps = budget / the calibrated seconds per step"
 
 
+def _budgets(bench: dict) -> str:
+    """The drafters' wall-clock budgets: the benchmark's, or each one's where they differ."""
+    budgets = sorted({rec.get("budget_minutes", bench["config"]["budget_minutes"])
+                      for rec in bench["training"].values()} or {bench["config"]["budget_minutes"]})
+    return " / ".join(f"{b:g}" for b in budgets)
+
+
 def _training_table(bench: dict) -> list[str]:
     records = bench["training"]
     own_data = _own_data(records)  # then the conversations each trained on
@@ -135,8 +142,10 @@ def _training_table(bench: dict) -> list[str]:
         epochs = f" ({seen / data['tokens']:.2f})" if seen and data.get("tokens") else ""
         columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d"),
                    _fmt(seen, ",d") + epochs] if own_data else []
+        extends = rec.get("extends")
         lines.append("| " + " | ".join([
-            label, rec["kind"] + (" + LoRA" if rec.get("lora") else "")
+            label + (f" ({extends['label']} trained on from its step {extends['step']:,})"
+                     if extends else ""), rec["kind"] + (" + LoRA" if rec.get("lora") else "")
             + (" (heads share the target's frozen output layer)" if shared_head(rec) else ""),
             _fmt((rec.get("trainable_params") or 0) / 1e6, ".1f") + "M", rec["features"],
             *columns, str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
@@ -170,7 +179,7 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              f"(MT-bench: both turns), {cfg['eval']['max_new_tokens']} new tokens per turn. "
              f"{_trees(bench)} Chains: {cfg['eval']['num_draft_tokens']} tokens; static trees: "
              "13 nodes, depth 5.", "",
-             f"### Training: {cfg['budget_minutes']:g} wall-clock minutes per drafter on this machine",
+             f"### Training: {_budgets(bench)} wall-clock minutes per drafter on this machine",
              "", *_training_table(bench), "",
              _steps_note(bench) + "; tokens/s = real (unpadded) "
              "tokens trained per wall second over the run's steps (its held-out evaluations and "

@@ -29,6 +29,7 @@ import yaml
 
 from draftsmith.bench.config import BenchConfig, KindEntry
 from draftsmith.bench.engine_stage import engine_check, read_engine_checks
+from draftsmith.bench.extend import extension_recipe, seed_extension
 from draftsmith.bench.report_stats import per_prompt_timings
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
@@ -195,6 +196,13 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     record_path = folder / "budget.json"
     if record_path.is_file() and (folder / "drafter").is_dir():
         return read_record(folder)
+    if entry.extends:  # the run of another drafter, trained on (bench/extend.py)
+        base = train_kind(config, config.kind(entry.extends), log)
+        budget = entry.budget_minutes or config.budget_minutes
+        raw = extension_recipe(base, folder, budget, CEILING_FACTOR)
+        seed_extension(base, out / "train" / entry.extends, folder, raw, entry.label, log)
+        return _train_and_record(config, entry, raw, base["calibrated_seconds_per_step"], budget,
+                                 log)
     if entry.data:  # its own data (resumes; the shared one is the data stage's)
         prepare_data(config, log, entry)
     calibration = out / "calibrate" / entry.label
@@ -219,7 +227,15 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     raw["train"].update(max_minutes=budget, max_steps=CEILING_FACTOR * steps,
                         warmup_steps=min(raw["train"].get("warmup_steps", 0), steps // 10),
                         save_every=max(steps // 4, 1), eval_every=max((steps + 1) // 2, 1))
-    attempts_path = folder / "attempts.json"
+    return _train_and_record(config, entry, raw, per_step, budget, log)
+
+
+def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step: float,
+                      budget: float, log) -> dict:
+    """Train one drafter with its recipe (resuming what is there); returns its budget record."""
+    out = Path(config.out_dir)
+    folder = out / "train" / entry.label
+    record_path, attempts_path = folder / "budget.json", folder / "attempts.json"
     attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
     folder.mkdir(parents=True, exist_ok=True)
     seconds = _train(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
@@ -246,6 +262,8 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
                      if k.startswith("eval/")},
         "recipe": str(out / "recipes" / f"{entry.label}.yaml"),
     }
+    if (folder / "extends.json").is_file():
+        record["extends"] = json.loads((folder / "extends.json").read_text())
     write_json(record_path, record)
     return record
 
