@@ -90,8 +90,8 @@ def test_an_extension_needs_a_checkpoint_before_the_decay(tmp_path):
     fake_checkpoint(base_folder, 2164, 2330, 3860.0)
     raw = {"train": {"warmup_steps": 10, "schedule": "wsd", "decay_fraction": 0.2,
                      "max_minutes": 110.0, "max_steps": 8000}}
-    with pytest.raises(DraftsmithError, match="none of the checkpoints it kept .* was written "
-                       "before its learning rate began to decay"):
+    with pytest.raises(DraftsmithError, match=r"none of the checkpoints it kept .* was written "
+                       r"before its learning rate began to decay"):
         seed_extension({"label": "a"}, base_folder, tmp_path / "train" / "b", raw, "b")
 
 
