@@ -238,8 +238,10 @@ def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step
     record_path, attempts_path = folder / "budget.json", folder / "attempts.json"
     attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
     folder.mkdir(parents=True, exist_ok=True)
+    finished = (folder / "drafter" / "draftsmith_drafter.json").is_file()
     seconds = _train(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
-    attempts.append(seconds)
+    if not finished:  # a drafter trained before (its record not yet written) cost nothing now
+        attempts.append(seconds)
     write_json(attempts_path, attempts)
     rows = _metrics(folder)
     trained = [r for r in rows if "loss" in r]
@@ -302,13 +304,19 @@ def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
 
 def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
               temperature: float, **fields) -> dict:
-    """One evaluation run into `out` (skipped when its eval.json exists); `fields` override the
-    eval section's settings (limit, max_new_tokens, autotune_tree, ...)."""
+    """One evaluation run into `out` (skipped when its eval.json holds these methods; run again
+    when the config's methods changed since); `fields` override the eval section's settings
+    (limit, max_new_tokens, autotune_tree, ...)."""
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
 
     if (out / "eval.json").is_file():
-        return json.loads((out / "eval.json").read_text())
+        done = json.loads((out / "eval.json").read_text())
+        then = (done.get("config") or {}).get("methods")
+        if then is None or list(then) == ["plain", *methods]:
+            return done
+        log(f"{out / 'eval.json'} evaluated {', '.join(then)}; the config now asks for "
+            f"{', '.join(['plain', *methods])}: evaluating them all again, side by side")
     ev = config.eval
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)

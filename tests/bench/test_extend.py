@@ -108,3 +108,24 @@ def test_the_training_table_names_the_run_an_extension_trained_on():
     assert table[3].startswith("| b (a trained on from its step 1,623) | eagle3 |")
     assert _budgets(bench) == "70 / 110"
     assert _budgets({"config": {"budget_minutes": 8}, "training": {"a": {}}}) == "8"
+
+
+def test_an_evaluation_runs_again_when_the_config_asks_for_other_methods(tmp_path, monkeypatch):
+    """A method added to a finished benchmark (an extension's drafter) is evaluated with the others
+    in one run, not left out by the eval.json of the run before it."""
+    import draftsmith.eval.evaluate as evaluate
+    from draftsmith.bench import run as bench_run
+
+    config = load_bench_config(write_configs(tmp_path))
+    out = tmp_path / "eval_t0"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({"config": {"methods": ["plain", "prompt_lookup"]}}))
+    ran, lines = [], []
+    monkeypatch.setattr(evaluate, "run_eval", lambda cfg, log=print: ran.append(cfg.methods) or {})
+    kept = bench_run.run_eval_stage(config, out, ("prompt_lookup",), print, temperature=0.0)
+    assert kept["config"]["methods"] == ["plain", "prompt_lookup"] and not ran
+    bench_run.run_eval_stage(config, out, ("prompt_lookup", "lookahead"), lines.append,
+                             temperature=0.0)
+    assert ran == [("plain", "prompt_lookup", "lookahead")]
+    assert "evaluated plain, prompt_lookup; the config now asks for plain, prompt_lookup, " \
+        "lookahead: evaluating them all again" in lines[0]
