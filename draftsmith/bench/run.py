@@ -296,6 +296,8 @@ def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
     spec = config.eval.passes[name]
     extra = {k: tuple(spec[k]) for k in ("batch_sizes", "target_quant", "bench") if k in spec}
     extra.update({k: spec[k] for k in ("limit", "max_new_tokens") if k in spec})
+    if "autotune_tree" in spec:
+        extra["autotune_tree"] = spec["autotune_tree"]
     if spec.get("check_lossless"):  # a gate, not a timing: trees as configured, not autotuned
         extra.update(check_lossless=True, autotune_tree=False)
     return run_eval_stage(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,

@@ -352,6 +352,7 @@ def test_an_older_int8_record_gets_what_was_measured_not_its_stored_claim():
     {"methods": ["prompt_lookup"], "check_lossless": True, "limit": 0},
     {"methods": ["prompt_lookup"], "max_new_tokens": True},
     {"methods": ["prompt_lookup"], "title": ["a", "list"]},
+    {"methods": ["prompt_lookup"], "autotune_tree": "yes"},
 ])
 def test_bad_lossless_passes_are_clear_errors(tmp_path, spec):
     config = write_configs(tmp_path, eval={"methods": {"prompt_lookup": "prompt lookup"},
