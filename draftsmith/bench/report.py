@@ -36,15 +36,21 @@ def _trees(bench: dict) -> str:
     cfg = bench["config"]["eval"]
     if not cfg.get("autotune_tree"):
         return f"Dynamic trees: {cfg['tree']}."
-    names = method_names(bench)
-    chosen = {}
-    for t, payload in bench["eval"].items():
-        for method, b in (payload.get("tree_budgets") or {}).items():
-            chosen.setdefault(names.get(method, method), []).append(
-                f"depth {b['depth']} x {b['total_tokens']} tokens (T={t})")
-    picks = "; ".join(f"{m}: {', '.join(v)}" for m, v in chosen.items())
+    picks = _tree_picks(bench, {f" (T={t})": payload for t, payload in bench["eval"].items()})
     return (f"Dynamic trees autotuned per method on this machine (top-{cfg['tree']['topk']}; a "
             f"block drafter's depth is its block length, its chain's too): {picks}.")
+
+
+def _tree_picks(bench: dict, payloads: dict) -> str:
+    """`method: depth D x N tokens` for each autotuned tree of the eval.json `payloads` (keyed by
+    a suffix naming the run, e.g. the temperature)."""
+    names = method_names(bench)
+    chosen = {}
+    for suffix, payload in payloads.items():
+        for method, b in (payload.get("tree_budgets") or {}).items():
+            chosen.setdefault(names.get(method, method), []).append(
+                f"depth {b['depth']} x {b['total_tokens']} tokens{suffix}")
+    return "; ".join(f"{m}: {', '.join(v)}" for m, v in chosen.items())
 
 
 def _eval_table(bench: dict, temperature: str) -> list[str]:
@@ -66,6 +72,8 @@ def titled_passes(bench: dict) -> list[str]:
                   + f"{cfg.get('limit')} prompt(s) per set, "
                   f"{cfg.get('max_new_tokens')} new tokens per turn; speedups against this run's "
                   "plain decoding)", "", *method_table(bench, result["summary"], True), "",
+                  *([f"Trees sized for this machine: {_tree_picks(bench, {'': result})}.", ""]
+                    if result.get("tree_budgets") else []),
                   *([*lossless_line(result.get("lossless_check")), ""]
                     if cfg.get("check_lossless") else [])]
     return lines

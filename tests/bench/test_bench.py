@@ -283,6 +283,11 @@ def test_a_titled_pass_gets_its_own_method_table(tmp_path):
     bench["config"]["eval"]["passes"]["v"]["bench"] = ["sharegpt_long"]  # its own prompt sets
     assert "\n".join(titled_passes(bench)).startswith(
         "### DFlash 8K (`v` run, greedy, prompts: sharegpt_long, 10 prompt(s) per set")
+    assert "Trees sized" not in text
+    bench["passes"]["v"]["tree_budgets"] = {"drafter_chain@dflash8k": {"depth": 2,
+                                                                      "total_tokens": 5}}
+    assert "Trees sized for this machine: drafter_chain@dflash8k: depth 2 x 5 tokens." in \
+        "\n".join(titled_passes(bench))
 
 
 def test_a_pass_method_without_a_name_borrows_its_kind_s_with_its_label(tmp_path):
