@@ -196,7 +196,7 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
                for label, v in kinds.items()]
     evaluation = _section(EvalSection, raw.pop("eval", None) or {}, f"{path}: eval")
     config = _section(BenchConfig, raw, str(path), kinds=entries, eval=evaluation, path=str(path))
-    resolve_extensions(entries, path)
+    resolve_extensions(entries, path, config.budget_minutes)
     for file in [config.data, *[k.recipe for k in entries], *[k.data for k in entries if k.data]]:
         if not Path(file).is_file():
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")

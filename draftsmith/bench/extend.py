@@ -26,9 +26,10 @@ from draftsmith.train.metrics import metrics_rows
 from draftsmith.train.resume import budget_extendable, flatten_settings, read_progress
 
 
-def resolve_extensions(entries: list, path) -> None:
-    """Each `extends` names an earlier drafter and sets nothing but its budget; it then takes that
-    drafter's recipe and settings (it is the same run, trained on).
+def resolve_extensions(entries: list, path, budget_minutes: float) -> None:
+    """Each `extends` names an earlier drafter and sets nothing but its budget, a longer one than
+    that drafter's (`budget_minutes`: the benchmark's, for entries without their own); it then
+    takes that drafter's recipe and settings (it is the same run, trained on).
 
     Raises:
         DraftsmithError: naming `kinds.LABEL` and the fix.
@@ -47,6 +48,10 @@ def resolve_extensions(entries: list, path) -> None:
                 raise DraftsmithError(f"{where}: an extension trains on the same run, so it takes "
                                       "only budget_minutes; drop its recipe, drafter, train and "
                                       "data settings (or train it as a drafter of its own)")
+            longer, shorter = (e.budget_minutes or budget_minutes for e in (entry, base))
+            if not longer > shorter:
+                raise DraftsmithError(f"{where}: its budget_minutes ({longer:g}) must exceed "
+                                      f"{base.label}'s ({shorter:g}), whose run it trains on")
             entry.recipe, entry.drafter, entry.train, entry.data = (
                 base.recipe, base.drafter, base.train, base.data)
         elif entry.recipe is None:

@@ -34,6 +34,8 @@ def test_an_extension_takes_its_base_s_recipe_and_settings(tmp_path):
     ({"eagle1": {"recipe": EAGLE1}, "b": {"extends": "eagle1", "train": {"lr": 1}}},
      "takes only budget_minutes"),
     ({"eagle1": {"drafter": {"ttt_steps": 2}}}, r"kinds\.eagle1 needs `recipe: FILE`"),
+    ({"eagle1": {"recipe": EAGLE1}, "b": {"extends": "eagle1"}},
+     r"budget_minutes \(0\.001\) must exceed eagle1's \(0\.001\)"),
 ])
 def test_bad_extensions_are_clear_errors(tmp_path, kinds, message):
     with pytest.raises(DraftsmithError, match=message):
