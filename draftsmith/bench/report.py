@@ -139,17 +139,20 @@ def _budgets(bench: dict) -> str:
 def _training_table(bench: dict) -> list[str]:
     records = bench["training"]
     own_data = _own_data(records)  # then the conversations each trained on
+    seen_only = not own_data and any(r.get("tokens_seen") for r in records.values())
     lines = ["| drafter | kind | trained params | features | "
-             + ("conversations | tokens | tokens seen (epochs) | " if own_data else "")
+             + ("conversations | tokens | tokens seen (epochs) | " if own_data else
+                "tokens seen (epochs) | " if seen_only else "")
              + "steps | batch | s/step | tokens/s | train minutes | held-out acc@1 | acc@2 | acc@3 | "
-             "simulated tau |", "|" + "---|" * (16 if own_data else 13)]
+             "simulated tau |", "|" + "---|" * (13 + (3 if own_data else seen_only))]
     for label, rec in records.items():
         held = rec.get("held_out", {})
         data = rec.get("data") or {}
         seen = rec.get("tokens_seen")
         epochs = f" ({seen / data['tokens']:.2f})" if seen and data.get("tokens") else ""
         columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d"),
-                   _fmt(seen, ",d") + epochs] if own_data else []
+                   _fmt(seen, ",d") + epochs] if own_data else \
+            [_fmt(seen, ",d") + epochs] if seen_only else []
         extends = rec.get("extends")
         lines.append("| " + " | ".join([
             label + (f" ({extends['label']} trained on from its step {extends['step']:,})"

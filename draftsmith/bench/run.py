@@ -135,12 +135,30 @@ def seconds_per_step(rows: list[dict], step_tokens: float | None = None) -> floa
     return per_step
 
 
+def timed_spans(rows: list[dict]) -> list[list[dict]]:
+    """A run's step rows (those with a loss and a time), split where its clock starts over: the
+    loop counts `seconds` from each process's own start, so a resumed (or extended) run's rows
+    after its checkpoint follow the `resumed` row it writes (or, in logs from before that
+    row, the first row whose clock went back)."""
+    spans: list[list[dict]] = [[]]
+    for row in rows:
+        if "resumed" in row:
+            spans.append([])
+        elif "loss" in row and "seconds" in row:
+            if spans[-1] and row["seconds"] < spans[-1][-1]["seconds"]:
+                spans.append([])
+            spans[-1].append(row)
+    return [span for span in spans if span]
+
+
 def run_seconds_per_step(rows: list[dict]) -> float | None:
-    """Mean seconds per step of a run's steps after the first (its held-out evaluations and
-    checkpoints included, as the budget counts them), or None for fewer than 2 steps."""
-    if len(rows) < 2 or rows[-1]["step"] <= rows[0]["step"]:
-        return None
-    return (rows[-1]["seconds"] - rows[0]["seconds"]) / (rows[-1]["step"] - rows[0]["step"])
+    """Mean seconds per step of a run's steps after the first of each process (its held-out
+    evaluations and checkpoints included, as the budget counts them), or None for fewer than 2
+    steps on one clock."""
+    spans = timed_spans(rows)
+    steps = sum(span[-1]["step"] - span[0]["step"] for span in spans)
+    seconds = sum(span[-1]["seconds"] - span[0]["seconds"] for span in spans)
+    return seconds / steps if steps > 0 else None
 
 
 def mean_step_tokens(folder: Path, samples_per_step: int) -> float | None:
@@ -153,13 +171,14 @@ def mean_step_tokens(folder: Path, samples_per_step: int) -> float | None:
 
 
 def tokens_per_second(rows: list[dict]) -> float | None:
-    """Real (unpadded) tokens per wall second over a run's steps after the first, or None for a
-    run logged before steps recorded their tokens. The wall time includes what happens between
-    steps (held-out evaluations, checkpoints), as the budget does."""
-    steps = [r for r in rows if "loss" in r and "tokens" in r]
-    if len(steps) < 2 or steps[-1]["seconds"] <= steps[0]["seconds"]:
+    """Real (unpadded) tokens per wall second over a run's steps after the first of each process
+    (`timed_spans`), or None for a run logged before steps recorded their tokens. The wall time
+    includes what happens between steps (held-out evaluations, checkpoints), as the budget does."""
+    spans = timed_spans([r for r in rows if "loss" not in r or "tokens" in r])
+    seconds = sum(span[-1]["seconds"] - span[0]["seconds"] for span in spans)
+    if seconds <= 0:
         return None
-    return sum(r["tokens"] for r in steps[1:]) / (steps[-1]["seconds"] - steps[0]["seconds"])
+    return sum(r["tokens"] for span in spans for r in span[1:]) / seconds
 
 
 def trainable_params(drafter_dir: Path, kind: str) -> int:
@@ -249,7 +268,7 @@ def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step
     final = [r for r in rows if r.get("step") == steps and any(k.startswith("eval/") for k in r)]
     record = {
         "label": entry.label, "kind": raw["drafter"]["kind"], "steps": steps,
-        "seconds_per_step": run_seconds_per_step(trained) or per_step,
+        "seconds_per_step": run_seconds_per_step(rows) or per_step,
         "calibrated_seconds_per_step": per_step, "budget_minutes": budget,
         "data": _data_record(data_folder(config, entry)),
         "tokens_per_second": tokens_per_second(rows),

@@ -180,6 +180,8 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
         accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
     log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
     log.truncate_after(step)
+    if resume is not None:  # the rows after it count `seconds` from this process's start
+        log.write({"step": step, "resumed": 1})
     held = accelerator.gather(torch.tensor([local_numel(target)], device=accelerator.device))
     held = [int(n) for n in held]  # recorded with the drafter: the target's share on each rank
     accelerator.print(f"frozen target parameters held per rank: {', '.join(f'{n:,}' for n in held)}")

@@ -106,7 +106,11 @@ def test_the_training_table_names_the_run_an_extension_trained_on():
         "a": record, "b": {**record, "budget_minutes": 110,
                            "extends": {"label": "a", "step": 1623, "minutes": 48.3}}}}
     table = _training_table(bench)
-    assert table[2].startswith("| a | eagle3 |")
+    assert table[2].startswith("| a | eagle3 |") and "tokens seen" not in table[0]
+    bench["training"]["b"].update(tokens_seen=4377941, data={"folder": "d", "tokens": 3199394})
+    seen = _training_table(bench)
+    assert "| features | tokens seen (epochs) | steps |" in seen[0] and seen[1].count("---") == 14
+    assert "| online | 4,377,941 (1.37) | 5 |" in seen[3] and "| online | – | 5 |" in seen[2]
     assert table[3].startswith("| b (a trained on from its step 1,623) | eagle3 |")
     assert _budgets(bench) == "70 / 110"
     assert _budgets({"config": {"budget_minutes": 8}, "training": {"a": {}}}) == "8"
@@ -131,3 +135,23 @@ def test_an_evaluation_runs_again_when_the_config_asks_for_other_methods(tmp_pat
     assert ran == [("plain", "prompt_lookup", "lookahead")]
     assert "evaluated plain, prompt_lookup; the config now asks for plain, prompt_lookup, " \
         "lookahead: evaluating them all again" in lines[0]
+
+
+def test_the_pace_of_a_resumed_run_is_timed_on_each_process_s_own_clock():
+    """Rows after a resume count seconds from the resuming process's start: steps 1-3 at 1 s a
+    step on the first clock, steps 4-6 at 2 s a step on the second (its first step holding the
+    setup), so the pace is (2 + 4) s over 4 timed steps, whether the resume is marked by its row
+    or (older logs) only by the clock going back."""
+    from draftsmith.bench.run import run_seconds_per_step, timed_spans, tokens_per_second
+
+    def steps(*times):
+        return [{"step": s, "loss": 1.0, "seconds": t, "tokens": 100} for s, t in times]
+
+    marked = [*steps((1, 5.0), (2, 6.0), (3, 7.0)), {"step": 3, "resumed": 1},
+              {"step": 3, "eval/acc_0": 0.5}, *steps((4, 30.0), (5, 32.0), (6, 34.0))]
+    older = [*steps((1, 5.0), (2, 6.0), (3, 7.0)), *steps((4, 3.0), (5, 5.0), (6, 7.0))]
+    for rows in (marked, older):
+        assert [len(span) for span in timed_spans(rows)] == [3, 3]
+        assert run_seconds_per_step(rows) == 1.5
+        assert tokens_per_second(rows) == 400 / 6.0
+    assert run_seconds_per_step(marked[:1]) is None and tokens_per_second(marked[:1]) is None

@@ -371,4 +371,5 @@ def test_a_budget_run_resumed_with_a_larger_budget_trains_on_to_it(tmp_path, mon
     steps = [r for r in rows if "loss" in r]
     last = steps[-1]["step"]
     assert 18 <= first <= 24 and 1.7 * first <= last <= 2.3 * first
+    assert [r["step"] for r in rows if "resumed" in r] == [10]  # where the clock starts over
     assert steps[-1]["lr"] < 0.2e-3 and max(r["lr"] for r in steps if r["step"] > first) == 1e-3
