@@ -26,3 +26,23 @@ def reset_accelerate() -> None:
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+def killed_at_step(monkeypatch, step: int, run, *args, **kwargs) -> None:
+    """Call `run(*args, **kwargs)`, a training run, killed as it logs step `step` (the metrics log
+    raises KeyboardInterrupt, as Ctrl-C mid-run would), then restore the log and accelerate's
+    state for the run that resumes it."""
+    from draftsmith.train import metrics as metrics_module
+
+    original = metrics_module.MetricsLog.write
+
+    def crash(self, row):
+        if row.get("step") == step and "loss" in row:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, row)
+
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(*args, **kwargs)
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    reset_accelerate()

@@ -16,11 +16,10 @@ from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.features import hidden_key
-from draftsmith.train import metrics as metrics_module
 from draftsmith.train.cache_stream import CacheStream, held_out
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
-from tests.helpers.state import reset_accelerate
+from tests.helpers.state import killed_at_step, reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
 
 
@@ -151,19 +150,9 @@ def test_a_killed_offline_run_resumes_to_the_same_weights(cache, tmp_path, monke
     straight_recipe = recipe("a")
     straight = run_training(straight_recipe, fresh_stream(straight_recipe), target=target)
     reset_accelerate()
-    original = metrics_module.MetricsLog.write
-
-    def crash_at_step_10(self, row):
-        if row.get("step") == 10 and "loss" in row:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, row)
-
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_10)
-    killed = recipe("b", save_every=9)  # past the first epoch's 8 batches: the saved position
-    with pytest.raises(KeyboardInterrupt):  # is (epoch 1, batch 1)
-        run_training(killed, fresh_stream(killed), target=target)
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
-    reset_accelerate()
+    # saved past the first epoch's 8 batches: the saved position is (epoch 1, batch 1)
+    killed = recipe("b", save_every=9)
+    killed_at_step(monkeypatch, 10, run_training, killed, fresh_stream(killed), target=target)
     progress = json.loads((tmp_path / "b" / "checkpoints" / "step_9" / "progress.json")
                           .read_text())
     per_epoch = fresh_stream(killed).batches_per_epoch

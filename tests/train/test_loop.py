@@ -11,13 +11,12 @@ from safetensors.torch import load_file
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
-from draftsmith.train import metrics as metrics_module
 from draftsmith.train.batching import split_examples
 from draftsmith.train.loop import run_training
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
 from tests.helpers.drafters import small_settings, training_cases, training_vocab
-from tests.helpers.state import reset_accelerate
+from tests.helpers.state import killed_at_step, reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -77,19 +76,8 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     straight = run_training(recipe_for("eagle1", tmp_path / "a", max_steps=8), data, target=target)
 
     reset_accelerate()
-    original = metrics_module.MetricsLog.write
-
-    def crash_at_step_6(self, row):
-        if row.get("step") == 6 and "loss" in row:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, row)
-
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_6)
     recipe = recipe_for("eagle1", tmp_path / "b", max_steps=8, save_every=4)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(recipe, data, target=target)
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
-    reset_accelerate()
+    killed_at_step(monkeypatch, 6, run_training, recipe, data, target=target)
     assert (tmp_path / "b" / "eagle1" / "checkpoints" / "step_4" / "progress.json").is_file()
     resumed = run_training(recipe, data, target=target)
     rows = (tmp_path / "b" / "eagle1" / "metrics.jsonl").read_text().splitlines()
@@ -226,17 +214,7 @@ def test_a_resumed_budget_run_keeps_its_total_and_its_spent_minutes(tmp_path, mo
     straight = run(tmp_path / "a")
     (total,), last = plans(tmp_path / "a")
     assert last == total
-    original = metrics_module.MetricsLog.write
-
-    def crash_at_step_12(self, row):
-        if row.get("step") == 12 and "loss" in row:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, row)
-
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_12)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "b")
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    killed_at_step(monkeypatch, 12, run, tmp_path / "b")
     progress = json.loads((tmp_path / "b" / "eagle1" / "checkpoints" / "step_10"
                            / "progress.json").read_text())
     assert progress["total_steps"] == total and progress["planned"] is False
@@ -351,17 +329,7 @@ def test_a_budget_run_resumed_with_a_larger_budget_trains_on_to_it(tmp_path, mon
                             schedule="wsd", warmup_steps=2)
         return run_training(recipe, data, target=target)
 
-    original = metrics_module.MetricsLog.write
-
-    def crash_at_step_12(self, row):
-        if row.get("step") == 12 and "loss" in row:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, row)
-
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_12)
-    with pytest.raises(KeyboardInterrupt):
-        run(0.2)
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
+    killed_at_step(monkeypatch, 12, run, 0.2)
     first = json.loads((tmp_path / "eagle1" / "checkpoints" / "step_10" / "progress.json")
                        .read_text())["total_steps"]
     capsys.readouterr()

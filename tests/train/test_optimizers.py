@@ -11,12 +11,11 @@ from safetensors.torch import load_file
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
-from draftsmith.train import metrics as metrics_module
 from draftsmith.train.loop import run_training
 from draftsmith.train.optimizers import MuonWithAdamW, build_optimizer, takes_muon
 from draftsmith.train.recipe import TrainSection, build_recipe
 from tests.helpers.drafters import small_settings, training_cases, training_vocab
-from tests.helpers.state import reset_accelerate
+from tests.helpers.state import killed_at_step, reset_accelerate
 from tests.helpers.tiny_targets import tiny_target
 from tests.train.test_loop import examples, recipe_for
 
@@ -111,19 +110,8 @@ def test_a_killed_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     straight = run_training(recipe_for("eagle3", tmp_path / "a", settings, **train), data,
                             target=target)
     reset_accelerate()
-    original = metrics_module.MetricsLog.write
-
-    def crash_at_step_5(self, row):
-        if row.get("step") == 5 and "loss" in row:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, row)
-
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", crash_at_step_5)
     recipe = recipe_for("eagle3", tmp_path / "b", settings, save_every=3, **train)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(recipe, data, target=target)
-    monkeypatch.setattr(metrics_module.MetricsLog, "write", original)
-    reset_accelerate()
+    killed_at_step(monkeypatch, 5, run_training, recipe, data, target=target)
     resumed = run_training(recipe, data, target=target)
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys()
