@@ -40,8 +40,9 @@ class TrainSection:
             tokens per second of the last 16 steps, while the schedule can take a new total
             (constant: always; wsd: until its decay starts; cosine: in the first half of the
             run); each revision is a metrics.jsonl row and a printed line. A resumed run starts
-            from the total its checkpoint recorded and counts the minutes spent before it.
-            None = steps only.
+            from the total its checkpoint recorded and counts the minutes spent before it; one
+            resumed from a checkpoint where the schedule can still take a new total may set
+            another max_minutes (the run extended or cut to it). None = steps only.
         warmup_steps: linear warmup before the schedule.
         schedule: `wsd` (warmup-stable-decay: peak rate until the last `decay_fraction` of the
             steps, then linear to zero; the default: at 80 EAGLE-3 steps it beat cosine, simulated
