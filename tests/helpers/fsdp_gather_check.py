@@ -4,6 +4,7 @@ FSDP2-sharded drafter gathers to its unsharded state dict; prints `ok` on rank 0
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -39,11 +40,15 @@ def main(folder: str) -> None:
         torch.testing.assert_close(state[key], tensor, rtol=0, atol=0)
     if accelerator.is_main_process:
         print("ok")
-    # Tear the group down before the interpreter does: a gloo thread still alive at exit aborts the
-    # process ("terminate called without an active exception"), seen once in CI.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    torch.distributed.barrier()  # every check done on both ranks
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # Leave without tearing anything down: a gloo thread still joinable when its process group is
+    # destroyed, by destroy_process_group() or by the interpreter, aborts the process ("terminate
+    # called without an active exception"; 2 of about 8 CI runs, with and without an explicit
+    # destroy_process_group). The checks are done and every collective has returned.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
