@@ -12,7 +12,8 @@ import yaml
 
 from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.report_stats import set_mean
-from draftsmith.bench.run import _metrics, kind_recipe, seconds_per_step, tokens_per_second
+from draftsmith.bench.run import _metrics, kind_recipe
+from draftsmith.bench.train_pace import seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe

@@ -142,7 +142,7 @@ def test_the_pace_of_a_resumed_run_is_timed_on_each_process_s_own_clock():
     step on the first clock, steps 4-6 at 2 s a step on the second (its first step holding the
     setup), so the pace is (2 + 4) s over 4 timed steps, whether the resume is marked by its row
     or (older logs) only by the clock going back."""
-    from draftsmith.bench.run import run_seconds_per_step, timed_spans, tokens_per_second
+    from draftsmith.bench.train_pace import run_seconds_per_step, timed_spans, tokens_per_second
 
     def steps(*times):
         return [{"step": s, "loss": 1.0, "seconds": t, "tokens": 100} for s, t in times]

@@ -39,6 +39,17 @@ def recipe_for(kind, tmp_path, settings=None, **train):
     return build_recipe({"drafter": {"kind": kind, **settings}, "train": values})
 
 
+def training_on_a_faked_clock(monkeypatch, seconds_per_step, recipe, data, target):
+    """`run_training` with a fresh accelerate state and the loop's clock advancing
+    `seconds_per_step` at each read (it reads it once per step)."""
+    import draftsmith.train.loop as loop
+
+    reset_accelerate()
+    clock = iter(range(10_000))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * seconds_per_step)
+    return run_training(recipe, data, target=target)
+
+
 @pytest.mark.parametrize("kind, settings", training_cases())
 def test_every_kind_trains_and_saves(kind, settings, tmp_path):
     from accelerate.utils import set_seed
@@ -134,11 +145,9 @@ def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypat
     monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
 
     def run(seconds_per_step, folder):
-        reset_accelerate()
-        clock = iter(range(10_000))  # the loop reads the clock once per step
-        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * seconds_per_step)
         recipe = recipe_for("eagle1", folder, max_steps=40, max_minutes=0.2, save_every=5)
-        run_training(recipe, examples(), target=tiny_target("llama"))
+        training_on_a_faked_clock(monkeypatch, seconds_per_step, recipe, examples(),
+                                  tiny_target("llama"))
         rows = [json.loads(line) for line in (folder / "eagle1" / "metrics.jsonl").open()]
         planned = next(r["planned_steps"] for r in rows if "planned_steps" in r)
         return planned, max(r["step"] for r in rows)
@@ -201,11 +210,8 @@ def test_a_resumed_budget_run_keeps_its_total_and_its_spent_minutes(tmp_path, mo
     target, data = tiny_target("qwen2"), examples()
 
     def run(folder):
-        reset_accelerate()
-        clock = iter(range(10_000))  # the loop reads the clock once per step
-        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * 0.5)
         recipe = recipe_for("eagle1", folder, max_steps=40, max_minutes=0.2, save_every=5)
-        return run_training(recipe, data, target=target)
+        return training_on_a_faked_clock(monkeypatch, 0.5, recipe, data, target)
 
     def plans(folder):
         rows = [json.loads(line) for line in (folder / "eagle1" / "metrics.jsonl").open()]
@@ -322,12 +328,9 @@ def test_a_budget_run_resumed_with_a_larger_budget_trains_on_to_it(tmp_path, mon
     target, data = tiny_target("llama"), examples()
 
     def run(minutes):
-        reset_accelerate()
-        clock = iter(range(10_000))  # the loop reads the clock once per step
-        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock) * 0.5)
         recipe = recipe_for("eagle1", tmp_path, max_steps=100, max_minutes=minutes, save_every=5,
                             schedule="wsd", warmup_steps=2)
-        return run_training(recipe, data, target=target)
+        return training_on_a_faked_clock(monkeypatch, 0.5, recipe, data, target)
 
     killed_at_step(monkeypatch, 12, run, 0.2)
     first = json.loads((tmp_path / "eagle1" / "checkpoints" / "step_10" / "progress.json")
