@@ -150,7 +150,9 @@ def _training_table(bench: dict) -> list[str]:
         data = rec.get("data") or {}
         seen = rec.get("tokens_seen")
         epochs = f" ({seen / data['tokens']:.2f})" if seen and data.get("tokens") else ""
-        columns = [_fmt(data.get("conversations"), ",d"), _fmt(data.get("tokens"), ",d"),
+        regenerated = (f" ({data['regenerated']:,} answered by the target)"
+                       if data.get("regenerated") else "")
+        columns = [_fmt(data.get("conversations"), ",d") + regenerated, _fmt(data.get("tokens"), ",d"),
                    _fmt(seen, ",d") + epochs] if own_data else \
             [_fmt(seen, ",d") + epochs] if seen_only else []
         extends = rec.get("extends")

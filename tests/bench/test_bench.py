@@ -399,9 +399,10 @@ def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path)
     table = _training_table({"training": {
         "eagle1": {**record, "data": {"folder": "a", "conversations": 1708, "tokens": 514008}},
         "eagle1-more": {**record, "tokens_seen": 775000,
-                        "data": {"folder": "b", "conversations": 11144, "tokens": 3100000}}}})
+                        "data": {"folder": "b", "conversations": 11144, "tokens": 3100000,
+                                 "regenerated": 3072}}}})
     assert "conversations | tokens | tokens seen (epochs)" in table[0]
-    assert "| 11,144 | 3,100,000 | 775,000 (0.25) |" in table[3]
+    assert "| 11,144 (3,072 answered by the target) | 3,100,000 | 775,000 (0.25) |" in table[3]
     assert "| 1,708 | 514,008 | – |" in table[2]  # a record from before tokens_seen was kept
     assert "conversations" not in _training_table({"training": {"eagle1": record}})[0]
     assert bench_name({"target": NAME, "name": "x-scaling"}) == "x-scaling"
@@ -523,21 +524,25 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
 
     summary = {s: {"plain": row(1.0, 1.0), "prompt_lookup": row(1.6, 1.4),
                    "drafter_dynamic@small": row(1.5, 1.1), "drafter_dynamic@all": row(1.9, 1.3),
-                   "drafter_dynamic@long": row(2.1, 1.4), "drafter_dynamic@all-1024": row(1.8, 1.2)}
+                   "drafter_dynamic@long": row(2.1, 1.4), "drafter_dynamic@all-1024": row(1.8, 1.2),
+                   "drafter_dynamic@regen": row(2.0, 1.35)}
                for s in ("gsm8k", "all")}
     training = {label: {"kind": "eagle3", "budget_minutes": minutes, "max_length": length,
-                        "data": {"folder": label, "conversations": n}}
-                for label, n, minutes, length in (("small", 1708, 12, 384), ("all", 11144, 12, 384),
-                                                  ("long", 11144, 45, 384),
-                                                  ("all-1024", 11144, 12, 1024))}
+                        "data": {"folder": label, "conversations": n, "regenerated": regen}}
+                for label, n, minutes, length, regen in (
+                    ("small", 1708, 12, 384, None), ("all", 11144, 12, 384, 0),
+                    ("long", 11144, 45, 384, None), ("all-1024", 11144, 12, 1024, None),
+                    ("regen", 11100, 12, 384, 3000))}
     bench = {"config": {"target": NAME, "eval": {"methods": {}}, "train": {"max_length": 384}},
              "training": training, "eval": {"0": {"summary": summary}}}
     points = scaling_points(bench)
-    assert points["drafters"][12, None] == [{"conversations": 1708, "tau": 1.5, "speedup": 1.1},
-                                            {"conversations": 11144, "tau": 1.9, "speedup": 1.3}]
-    assert points["drafters"][45, None] == [{"conversations": 11144, "tau": 2.1, "speedup": 1.4}]
-    # another sequence length is a line of its own
-    assert points["drafters"][12, 1024] == [{"conversations": 11144, "tau": 1.8, "speedup": 1.2}]
+    assert points["drafters"][12, None, None] == [
+        {"conversations": 1708, "tau": 1.5, "speedup": 1.1},
+        {"conversations": 11144, "tau": 1.9, "speedup": 1.3}]
+    assert points["drafters"][45, None, None] == [{"conversations": 11144, "tau": 2.1, "speedup": 1.4}]
+    # another sequence length is a line of its own, and so is data with the target's answers
+    assert points["drafters"][12, 1024, None] == [{"conversations": 11144, "tau": 1.8, "speedup": 1.2}]
+    assert points["drafters"][12, None, 3000] == [{"conversations": 11100, "tau": 2.0, "speedup": 1.35}]
     assert points["baselines"] == {"prompt_lookup": {"tau": 1.6, "speedup": 1.4}}
     assert (tmp_path / "scaling.png") in write_plots(bench, tmp_path)
     shared = {**bench, "training": {k: {**v, "data": {"folder": "one"}}
