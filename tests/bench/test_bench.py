@@ -548,3 +548,6 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
     shared = {**bench, "training": {k: {**v, "data": {"folder": "one"}}
                                     for k, v in training.items()}}
     assert scaling_points(shared) is None
+    same_count = {**bench, "training": {k: {**v, "data": {**v["data"], "conversations": 11144}}
+                                        for k, v in training.items()}}
+    assert scaling_points(same_count) is None  # one x for every point: the tables say it all
