@@ -87,10 +87,12 @@ def cmd_machine(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from draftsmith.process_group import leave_process_group
     from draftsmith.train.run import train_from_recipe
 
     path = train_from_recipe(args.config, args.overrides)
     print(path)
+    leave_process_group(finished=True)
     return 0
 
 

@@ -15,9 +15,14 @@ if ! .venv/bin/python -c "import speculators" 2>/dev/null; then
     rich typer click psutil
 fi
 .venv/bin/ruff check draftsmith tests scripts
-echo "== pytest, the bf16 probe answering float32" >&2
-DRAFTSMITH_BF16_PROBE=float32 .venv/bin/python -m pytest -q "$@"
-echo "== pytest -m 'not slow', the bf16 probe answering bf16" >&2
+# the machine and the time of each phase, so a slow run's log says where its time went
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs || true)
+isa=$(grep -o -E 'avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | xargs || true)
+echo "== $(date -u +%H:%M:%S) on ${cpu:-an unknown CPU}, $(nproc) cores, bf16 ISA: ${isa:-none}" >&2
+echo "== $(date -u +%H:%M:%S) pytest, the bf16 probe answering float32" >&2
+DRAFTSMITH_BF16_PROBE=float32 .venv/bin/python -m pytest -q --durations=15 "$@"
+echo "== $(date -u +%H:%M:%S) pytest -m 'not slow', the bf16 probe answering bf16" >&2
 status=0
 DRAFTSMITH_BF16_PROBE=bf16 .venv/bin/python -m pytest -q -m "not slow" "$@" || status=$?
+echo "== $(date -u +%H:%M:%S) done" >&2
 if [[ $status -ne 0 && $status -ne 5 ]]; then exit "$status"; fi  # 5: the selection had no fast test

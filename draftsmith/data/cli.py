@@ -23,7 +23,8 @@ def cmd_data_run(args: argparse.Namespace) -> int:
     (rank 0 regenerates, renders, merges the cache manifest and reports)."""
     from draftsmith.data.config import load_data_recipe
     from draftsmith.data.pipeline import run_data_recipe
-    from draftsmith.data.ranks import launched_ranks, leave
+    from draftsmith.data.ranks import launched_ranks
+    from draftsmith.process_group import leave_process_group
 
     recipe = load_data_recipe(args.config, args.overrides)  # checked before the group forms
     ranks = launched_ranks()
@@ -31,8 +32,10 @@ def cmd_data_run(args: argparse.Namespace) -> int:
         run_data_recipe(recipe, stop_after_shards=args.stop_after_shards,
                         progress=not args.no_progress and ranks.is_main,
                         log=lambda m: print(m, file=sys.stderr), ranks=ranks)
-    finally:
-        leave(ranks)
+    except BaseException:
+        leave_process_group(finished=False)
+        raise
+    leave_process_group(finished=True)
     return 0
 
 

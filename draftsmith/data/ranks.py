@@ -93,8 +93,3 @@ def launched_ranks() -> Ranks:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=WAIT)
     return Ranks(dist.get_rank(), dist.get_world_size(), f"cuda:{local}" if cuda else "cpu")
 
-
-def leave(ranks: Ranks) -> None:
-    """Leave the process group `launched_ranks` joined."""
-    if ranks.distributed and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()

@@ -14,9 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=1e-4")
     args = parser.parse_args(argv)
     try:
+        from draftsmith.process_group import leave_process_group
         from draftsmith.train.run import train_from_recipe
 
         train_from_recipe(args.config, args.overrides)
+        leave_process_group(finished=True)
     except DraftsmithError as err:
         print(f"draftsmith: error: {err}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.process_group import leave_process_group
 from draftsmith.train.recipe import Recipe, load_recipe
 
 if TYPE_CHECKING:
@@ -230,9 +231,9 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
 
 
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:
-    """Load and validate the recipe, build the data, train; returns the final drafter folder."""
-    import torch.distributed as dist
-
+    """Load and validate the recipe, build the data, train; returns the final drafter folder.
+    A launched command leaves the process group once done (`leave_process_group`); a failed run
+    leaves it here."""
     from draftsmith.train.loop import make_accelerator, run_training
 
     recipe = load_recipe(path, overrides)
@@ -247,6 +248,6 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         examples, vocab = build_examples(recipe, accelerator, target, path)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
                             draft_vocab=vocab)
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        leave_process_group(finished=False)
+        raise

@@ -5,6 +5,8 @@ are each one clear error."""
 
 import http.server
 import json
+import os
+import signal
 import threading
 import time
 
@@ -110,19 +112,31 @@ def test_completions_endpoint_sends_the_targets_own_prompt(target, server_url, t
     assert report.complete and len(records(tmp_path / "out")) == 2
 
 
+class KilledOnFirstRequest(ChatServer):
+    """A client whose first request kills its server first (SIGKILL, no graceful drain): the run
+    fails while its next shard is in flight, however fast or slow the machine (a timed kill raced
+    the server: a loaded CI machine's answers were all in before it)."""
+
+    def __init__(self, process, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.process, self.killed = process, threading.Event()
+
+    def complete(self, *args, **kwargs):
+        if not self.killed.is_set():
+            self.killed.set()
+            os.killpg(self.process.process.pid, signal.SIGKILL)  # its own process group
+            self.process.process.wait()
+        return super().complete(*args, **kwargs)
+
+
 def test_killed_server_then_resume_loses_nothing(target, tmp_path):
     folder = tmp_path / "out"
     with serve(log_path=tmp_path / "a.log") as local:
-        server = ChatServer([local.base_url], retries=0, timeout=30)
-        first = run(target, folder, server, stop_after_shards=1)
+        first = run(target, folder, ChatServer([local.base_url], retries=0, timeout=30),
+                    stop_after_shards=1)
         assert first.shards_written == 1
-        holder = {}
-        worker = threading.Thread(target=lambda: holder.setdefault(
-            "error", _raises(lambda: run(target, folder, server))))
-        worker.start()
-        time.sleep(0.5)
-        local.stop()  # killed while the second shard is in flight
-        worker.join(120)
+        holder = {"error": _raises(lambda: run(target, folder, KilledOnFirstRequest(
+            local, [local.base_url], retries=0, timeout=30)))}
     assert isinstance(holder["error"], ServerUnavailable), holder
     assert "Finished shards are kept" in str(holder["error"])
     with serve(log_path=tmp_path / "b.log") as local:
