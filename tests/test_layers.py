@@ -4,7 +4,8 @@ two modules import each other, directly or around a circle.
 Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
 
   0  errors, files, config_values, provenance        plain utilities
-  1  precision, offline_models, quantize              the machine, the offline models, int8 copies
+  1  precision, offline_models, quantize,             the machine, the offline models, int8 copies,
+     process_group                                    leaving a multi-process run
   2  models                                           nn.Modules, pure losses, target features
   3  registry, target, target_args, chat,           drafter kinds, loading targets and drafters,
      drafter_folder                                   the target arguments
@@ -28,7 +29,7 @@ import draftsmith
 PACKAGE = Path(draftsmith.__file__).parent
 LAYERS = [
     ("errors", "files", "config_values", "provenance"),
-    ("precision", "offline_models", "quantize"),
+    ("precision", "offline_models", "quantize", "process_group"),
     ("models",),
     ("registry", "target", "target_args", "chat", "drafter_folder"),
     ("decoding",),

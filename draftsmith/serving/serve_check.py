@@ -19,6 +19,7 @@ for engine-vs-loop tau and acceptance per draft position.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,13 +168,39 @@ def engine_abort(err: DraftsmithError, log_path: Path, gguf: Path,
     return DraftsmithError(message)
 
 
+# vLLM's plain runs in this process: (target files, prompts, settings) -> (run, its log). Checking
+# several exports against one target (the vLLM gate, the benchmark's engine stage) starts the plain
+# server once, not once per export (about 50 s each on a 2-core CPU).
+_PLAIN_RUNS: dict[tuple, tuple[EngineRun, Path]] = {}
+
+
+def _files_key(folder: Path) -> tuple:
+    """The folder and each file's name, size and modification time: a rewritten target is new."""
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return (str(folder.resolve()), *((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
 def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSettings,
              log_path: Path, speculative: dict | None = None,
              log: Callable[[str], None] = print, dtype: str = "float32") -> EngineRun:
     """Greedy answers to every prompt from one vLLM server (one sequence at a time); each
-    answer's drafted and accepted tokens are the spec-decode counters' change over its request."""
+    answer's drafted and accepted tokens are the spec-decode counters' change over its request.
+    A plain run (no `speculative`) this process already made of the same target, prompts and
+    settings is reused; its log file then names the first run's log."""
     from draftsmith.engines.vllm import VllmServer
 
+    key = None
+    if speculative is None:
+        key = (_files_key(Path(target_dir)), tuple(map(tuple, prompts)), settings.max_new_tokens,
+               _context(prompts, settings), settings.threads, settings.device, dtype)
+        if key in _PLAIN_RUNS:
+            run, first_log = _PLAIN_RUNS[key]
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(log_path).write_text(f"the plain run of {first_log}, reused: this process served "
+                                      "the same target, prompts and settings before\n")
+            log(f"vLLM plain run: reused this process's run of the same target and prompts "
+                f"(log: {first_log})")
+            return copy.deepcopy(run)
     drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
     with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),
                     dtype=dtype, threads=settings.threads, log_path=log_path, log=log,
@@ -188,7 +215,10 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
                                           - metric_total(before, accepted))
             answers.append(answer)
             before = after
-        return EngineRun(answers, before)
+    run = EngineRun(answers, before)
+    if key is not None:
+        _PLAIN_RUNS[key] = (copy.deepcopy(run), Path(log_path))
+    return run
 
 
 def engine_acceptance(run: EngineRun, draft_max: int, prefix: str = "llamacpp") -> dict:
