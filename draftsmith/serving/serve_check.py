@@ -5,7 +5,7 @@ serves the target's GGUF twice on loopback: plain, and with the draft (`draft-ea
 `draft-dflash`, `draft_max` tokens a step: a DFlash block's block_size - 1). vLLM: the engine
 serves the target's Hugging Face folder twice, plain and with `--speculative-config {"method":
 "eagle3", "model": EXPORT_DIR, ...}` (the export as written; the method is the kind's in the
-registry's `engine_methods`). The same prompts (rendered with the target's chat template, sent as token
+registry's `engine_methods`); a process checking several exports serves the plain run once. The same prompts (rendered with the target's chat template, sent as token
 ids) are decoded greedily by both runs. The check passes when every speculative answer equals the plain one token for
 token and the engine accepts more than `min_acceptance` of the draft tokens; acceptance ~0 in an
 engine is the field's common export failure (missing aux layer ids, wrong norms, skipped keys).
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
@@ -117,6 +117,7 @@ class EngineRun:
 
     answers: list[EngineAnswer]
     metrics: dict[str, float]
+    reused_from: str | None = None  # the log of the plain run this one reuses (`run_vllm`)
 
     @property
     def tokens_per_second(self) -> float:
@@ -187,12 +188,13 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
     answer's drafted and accepted tokens are the spec-decode counters' change over its request.
     A plain run (no `speculative`) this process already made of the same target, prompts and
     settings is reused; its log file then names the first run's log."""
-    from draftsmith.engines.vllm import VllmServer
+    from draftsmith.engines.vllm import VllmServer, engine_python
 
     key = None
     if speculative is None:
-        key = (_files_key(Path(target_dir)), tuple(map(tuple, prompts)), settings.max_new_tokens,
-               _context(prompts, settings), settings.threads, settings.device, dtype)
+        key = (str(engine_python(log)), _files_key(Path(target_dir)), tuple(map(tuple, prompts)),
+               settings.max_new_tokens, _context(prompts, settings), settings.threads,
+               settings.device, dtype)
         if key in _PLAIN_RUNS:
             run, first_log = _PLAIN_RUNS[key]
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +202,7 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
                                       "the same target, prompts and settings before\n")
             log(f"vLLM plain run: reused this process's run of the same target and prompts "
                 f"(log: {first_log})")
-            return copy.deepcopy(run)
+            return replace(copy.deepcopy(run), reused_from=str(first_log))
     drafted, accepted = (f"vllm:spec_decode_num_{k}_tokens_total" for k in ("draft", "accepted"))
     with VllmServer(target_dir, speculative=speculative, max_model_len=_context(prompts, settings),
                     dtype=dtype, threads=settings.threads, log_path=log_path, log=log,

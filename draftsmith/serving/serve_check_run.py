@@ -337,10 +337,11 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
     spec = run_vllm(target_dir, ids, settings, out_dir / f"engine_{method}.log", speculative, log,
                     dtype=choice.dtype)
     record = vllm.engine_record()
+    reused = {"plain_run_reused_from": plain.reused_from} if plain.reused_from else {}
     return plain, spec, {"engine": record["engine"], "version": record["version"],
                          "target_dir": str(target_dir), "speculative_config": speculative,
                          "dtype": choice.dtype, "dtype_reason": choice.reason,
-                         "metric_prefix": "vllm"}
+                         "metric_prefix": "vllm", **reused}
 
 
 def target_folder(spec: str) -> Path:

@@ -127,3 +127,21 @@ def test_a_training_recipe_is_a_data_recipe(workspace):
     recipe = load_data_recipe(workspace / "recipe.yaml")
     assert recipe.target.device == "auto"
     assert list(recipe.data.cache.kinds) == ["eagle3"]
+
+
+@pytest.mark.slow
+def test_a_two_process_run_whose_source_fails_ends_with_the_error(workspace, tmp_path):
+    """Rank 0 fails after the group formed (no usable conversations); rank 1, released, finds rank
+    0 gone at the last barrier: the run ends at once, non-zero, with rank 0's one clear error."""
+    (tmp_path / "empty.jsonl").write_text("")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    two = run_or_explain(lambda: [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()), "-m", "draftsmith", "data", "run", "--config",
+        str(workspace / "recipe.yaml"), "--no-progress", f"data.source={tmp_path / 'empty.jsonl'}",
+        f"data.out_dir={tmp_path / 'out'}"], env, timeout=120)
+    assert two.returncode != 0
+    errors = [line for line in two.stderr.splitlines() if line.startswith("draftsmith: error")]
+    assert errors and all("gave no usable conversations" in e for e in errors), two.stderr[-3000:]
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -119,11 +119,10 @@ class KilledOnFirstRequest(ChatServer):
 
     def __init__(self, process, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.process, self.killed = process, threading.Event()
+        self.process, self.first = process, threading.Lock()
 
     def complete(self, *args, **kwargs):
-        if not self.killed.is_set():
-            self.killed.set()
+        if self.first.acquire(blocking=False):  # the shard's requests go out together
             os.killpg(self.process.process.pid, signal.SIGKILL)  # its own process group
             self.process.process.wait()
         return super().complete(*args, **kwargs)

@@ -107,6 +107,7 @@ def test_overfit_dflash_drafter_is_accepted_by_vllm(overfit_export):
     assert engine["acceptance"] >= DFLASH_ACCEPTANCE_FLOOR, engine
     assert engine["acceptance_per_position"][DRAFT_MAX - 1] > 0, "no full block accepted"
     assert result["draftsmith"]["same_answer_as_engine"] == [1, 1]
-    if any(root.glob("serve_check-eagle3*")):  # an earlier check in this process served plain
+    if any(root.glob("serve_check-eagle3*/serve_check.json")):  # an earlier check served plain
         plain_log = (root / "serve_check-dflash" / "engine_plain.log").read_text()
         assert plain_log.startswith("the plain run of"), plain_log[:300]
+        assert result["plain_run_reused_from"].endswith("engine_plain.log")
