@@ -20,6 +20,7 @@ for engine-vs-loop tau and acceptance per draft position.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -188,11 +189,13 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
     answer's drafted and accepted tokens are the spec-decode counters' change over its request.
     A plain run (no `speculative`) this process already made of the same target, prompts and
     settings is reused; its log file then names the first run's log."""
-    from draftsmith.engines.vllm import VllmServer, engine_python
+    from draftsmith.engines.vllm import VllmServer
 
     key = None
     if speculative is None:
-        key = (str(engine_python(log)), _files_key(Path(target_dir)), tuple(map(tuple, prompts)),
+        # the engine: the Python `$DRAFTSMITH_VLLM_PYTHON` names, or draftsmith's own install
+        key = (os.environ.get("DRAFTSMITH_VLLM_PYTHON", ""), _files_key(Path(target_dir)),
+               tuple(map(tuple, prompts)),
                settings.max_new_tokens, _context(prompts, settings), settings.threads,
                settings.device, dtype)
         if key in _PLAIN_RUNS:
