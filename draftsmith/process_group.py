@@ -10,9 +10,12 @@ import sys
 def leave_process_group(finished: bool) -> None:
     """Leave the process group, if this process joined one.
 
-    Tearing a gloo (CPU) group down, by destroy_process_group or by the interpreter's exit, aborted a
-    rank ("terminate called without an active exception") or left a finished 2-process run
-    hanging, now and then on a loaded 2-core machine. So in a gloo group of several processes:
+    Tearing a gloo (CPU) group down can deadlock or abort a finished run. Seen (py-spy, a 2-process
+    training run hung after saving its drafter): freeing the DDP model on return freed its reducer,
+    whose gloo group's destructor joins gloo's worker thread while holding the GIL, and that thread
+    waits for the GIL to release its last barrier's tensors. destroy_process_group or the
+    interpreter's exit aborted a rank instead ("terminate called without an active exception").
+    So in a gloo group of several processes, called while the run's models are still referenced:
     `finished` (this rank's work is done and written): every rank meets at a last barrier and the
     process exits with status 0 at once, without teardown; when another rank left with an error
     instead, this one exits with status 1 saying so. A failed run (not `finished`) leaves the group

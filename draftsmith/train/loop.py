@@ -20,6 +20,7 @@ from draftsmith.data.shards import budget_line
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.precision import choose_mixed_precision
+from draftsmith.process_group import leave_process_group
 from draftsmith.registry import get_spec
 from draftsmith.train.batching import ExampleBatches
 from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
@@ -270,6 +271,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
         accelerator.print(budget_line("train.max_minutes", spent, cfg.max_minutes)
                           + f", {step} steps, from building the drafter to the saved drafter")
     accelerator.end_training()
+    leave_process_group(finished=True)  # several CPU processes end here, their models still held
     return path
 
 

@@ -34,11 +34,28 @@ def save_tiny_target(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def kill_launch(process: subprocess.Popen) -> None:
+    """SIGKILL the launcher's process group and every process it started: torch's elastic agent
+    starts each rank in a session of its own, so a rank left behind would hold the output pipes
+    open (and `communicate()` with them)."""
+    pids, found = [process.pid], True
+    while found:
+        table = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+        children = [int(p) for p, parent in (line.split() for line in table.splitlines())
+                    if int(parent) in pids and int(p) not in pids]
+        pids, found = pids + children, bool(children)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def run_or_explain(make_command, env: dict, attempts: int = 2,
                    timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `make_command()` in a process group of its own, killed whole on a timeout. A timed-out
-    try is retried once with a new command (a new port: a gloo run on a loaded 2-core CI machine
-    hung once; a deterministic hang hangs twice); the failure names what held the CPU meanwhile."""
+    """Run `make_command()` in a process group of its own, killed whole (its ranks included) on a
+    timeout. A timed-out try is retried once with a new command (a new port); the failure names
+    what held the CPU meanwhile."""
     for attempt in range(1, attempts + 1):
         command = make_command()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -50,14 +67,13 @@ def run_or_explain(make_command, env: dict, attempts: int = 2,
             busy = subprocess.run(["ps", "-eo", "pid,pgid,pcpu,etime,args", "--sort=-pcpu"],
                                   capture_output=True, text=True).stdout.splitlines()[:12]
             busy = [line[:160] for line in busy]
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
+            kill_launch(process)
+            stdout, stderr = process.communicate(timeout=60)
             report = (f"try {attempt} of the 2-process run did not finish in {timeout:g} s; its stderr "
                       f"ends:\n{stderr[-2000:]}\nbusiest processes:\n" + "\n".join(busy))
             print(report, file=sys.stderr)
         except BaseException:  # e.g. pytest-timeout: no rank outlives the test
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            kill_launch(process)
             raise
     pytest.fail(report)
 
