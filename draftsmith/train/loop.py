@@ -2,8 +2,7 @@
 
 Reads top to bottom: set up accelerate, load the frozen target, build the drafter from the
 registry, split the data, optionally resume (the same run only, see resume.py), then per step
-compute the target's features (online) and the drafter's own loss. The loop never branches on the
-drafter kind.
+compute the target's features (online) and the drafter's own loss; never branches on the kind.
 """
 
 from __future__ import annotations
