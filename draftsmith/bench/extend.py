@@ -2,7 +2,7 @@
 long end of a scaling curve without training the shared part twice.
 
 A wsd (or constant) run may be extended from any checkpoint written before its decay began: the
-rates it used until then are those of a longer run (`train.resume.budget_extendable`). The
+rates it used until then are those of a longer run (`train.budget.budget_extendable`). The
 extension copies BASE's newest such checkpoint, and its metrics up to it, into its own folder and
 resumes it there with its own `budget_minutes` as the whole run's `train.max_minutes` (BASE's
 minutes up to that checkpoint included): the drafter one run of that budget would have trained,
@@ -21,9 +21,10 @@ import yaml
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_json
+from draftsmith.train.budget import budget_extendable
 from draftsmith.train.checkpoint import complete_checkpoints
 from draftsmith.train.metrics import metrics_rows
-from draftsmith.train.resume import budget_extendable, flatten_settings, read_progress
+from draftsmith.train.resume import flatten_settings, read_progress
 
 
 def resolve_extensions(entries: list, path, budget_minutes: float) -> None:

@@ -240,3 +240,24 @@ class BudgetPlanner:
         per_step = self.seconds_per_step()
         elapsed = self.spent_before + clock + final_steps * per_step
         return steps_for_budget(per_step, self.budget_seconds, elapsed, step, self.max_steps)
+
+
+def budget_extendable(progress: dict, then: dict, now: dict) -> bool:
+    """Whether a resume may set another `train.max_minutes` (and `train.max_steps`, its
+    ceiling): the run and this resume both have a budget, the total was still being planned when
+    the checkpoint was written, and the schedule could take a new total at its step without
+    changing a rate it used (`StepSchedule.revisable`: wsd's stable phase, cosine's first half,
+    constant). The planner then sizes the rest to the new budget, minutes spent before included,
+    as a revision within the run would: a 70-minute run resumed from a checkpoint in its stable
+    phase with 140 minutes trains on at the peak rate and decays at the new end."""
+    if then.get("train.max_minutes") is None or now.get("train.max_minutes") is None \
+            or progress.get("planned", True):
+        return False
+    anchor = (progress.get("budget") or {}).get("anchor")
+    try:
+        schedule = StepSchedule(int(then["train.warmup_steps"]), progress["total_steps"],
+                                then["train.schedule"], float(then["train.decay_fraction"]),
+                                tuple(anchor) if anchor else None)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return schedule.revisable(progress["step"])

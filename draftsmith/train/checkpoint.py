@@ -7,7 +7,8 @@ scheduler's position, the wall-clock budget's state (`budget`: seconds spent and
 revisions, so a resumed `train.max_minutes` run keeps its total) and the run's record (settings,
 target and data fingerprints; see `resume.py`). It is written to `step_N.partial/`, `progress.json` last, and renamed, so a crash
 never leaves a checkpoint that looks complete but is not; older checkpoints beyond
-`train.keep_checkpoints` are deleted only after a newer one is complete.
+`train.keep_checkpoints` are deleted only after a newer one is complete, except a budgeted run's
+newest checkpoint from before its decay (`pruned`), which a longer budget resumes from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.drafter_folder import write_drafter_folder
+from draftsmith.train.budget import budget_extendable
 from draftsmith.train.rng_state import rng_state_file, save_rng_state
 from draftsmith.train.target_parts import full_state_dict
 
@@ -82,10 +84,35 @@ def save_state(accelerator, out_dir: Path, step: int, progress: dict,
             _remove_checkpoint(final)
         tmp.replace(final)
         if keep:
-            for old in complete_checkpoints(out_dir)[:-keep]:
+            for old in pruned(complete_checkpoints(out_dir), keep):
                 _remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def pruned(checkpoints: list[Path], keep: int) -> list[Path]:
+    """The checkpoints (oldest first) that `train.keep_checkpoints: keep` deletes: all but the
+    newest `keep`, and but the newest one a longer budget could resume (`budget_extendable`:
+    written before the decay) when none of those `keep` is one. A budgeted run's last stable-phase
+    checkpoint is what training it on to a longer budget starts from (`kinds.L.extends` in a
+    benchmark, or a resume with a larger `train.max_minutes`); without it the run could only be
+    trained again."""
+    older, newest = checkpoints[:-keep], checkpoints[-keep:]
+    if any(_extendable(path) for path in newest):
+        return older
+    for index in range(len(older) - 1, -1, -1):
+        if _extendable(older[index]):
+            return older[:index] + older[index + 1:]
+    return older
+
+
+def _extendable(folder: Path) -> bool:
+    try:
+        progress = json.loads((folder / PROGRESS).read_text(encoding="utf-8"))
+        settings = progress["run"]["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return budget_extendable(progress, settings, settings)
 
 
 def _remove_checkpoint(path: Path) -> None:

@@ -60,7 +60,8 @@ class TrainSection:
             changed); only save_every, eval_every, keep_checkpoints, the wandb settings and the
             paths may change. To train longer, start a new run.
         keep_checkpoints: how many of the newest checkpoints to keep; older ones are deleted once
-            a newer one is complete (0 or null = keep all).
+            a newer one is complete (0 or null = keep all), but for a `max_minutes` run's newest
+            one from before its decay, which training it on to a longer budget resumes from.
         eval_every: optimizer steps between held-out evaluations (0 = only at the end).
         eval_fraction: share of the data held out for accuracy / simulated acceptance.
         eval_max_samples: at most this many held out (the first of the seeded split; the rest

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.budget import budget_extendable
 from draftsmith.train.checkpoint import (
     CHECKPOINT_FORMAT,
     PROGRESS,
@@ -192,29 +193,6 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
             f"one has {record['num_processes']}: the global batch and the data position depend on "
             f"it; launch with --num_processes {saved.get('num_processes')} to resume it, "
             f"{new_run}")
-
-
-def budget_extendable(progress: dict, then: dict, now: dict) -> bool:
-    """Whether a resume may set another `train.max_minutes` (and `train.max_steps`, its
-    ceiling): the run and this resume both have a budget, the total was still being planned when
-    the checkpoint was written, and the schedule could take a new total at its step without
-    changing a rate it used (`StepSchedule.revisable`: wsd's stable phase, cosine's first half,
-    constant). The planner then sizes the rest to the new budget, minutes spent before included,
-    as a revision within the run would: a 70-minute run resumed from a checkpoint in its stable
-    phase with 140 minutes trains on at the peak rate and decays at the new end."""
-    from draftsmith.train.budget import StepSchedule
-
-    if then.get("train.max_minutes") is None or now.get("train.max_minutes") is None \
-            or progress.get("planned", True):
-        return False
-    anchor = (progress.get("budget") or {}).get("anchor")
-    try:
-        schedule = StepSchedule(int(then["train.warmup_steps"]), progress["total_steps"],
-                                then["train.schedule"], float(then["train.decay_fraction"]),
-                                tuple(anchor) if anchor else None)
-    except (KeyError, TypeError, ValueError):
-        return False
-    return schedule.revisable(progress["step"])
 
 
 def changed_settings(then: dict, now: dict) -> list[str]:

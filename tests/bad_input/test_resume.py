@@ -251,3 +251,32 @@ def test_old_checkpoints_go_only_after_a_newer_one_is_complete(runs, tmp_path, m
 def test_keep_checkpoints_is_validated(value):
     with pytest.raises(DraftsmithError, match=r"train.keep_checkpoints ?=.*(integer|0 or null)"):
         build_recipe({"drafter": {"kind": KIND}, "train": {"keep_checkpoints": value}})
+
+
+def fake_checkpoints(folder, steps: list[int], total: int, max_minutes) -> list:
+    """Checkpoint folders holding only what pruning reads: progress.json of a wsd run."""
+    settings = {"train.max_minutes": max_minutes, "train.warmup_steps": 0,
+                "train.schedule": "wsd", "train.decay_fraction": 0.2}
+    paths = []
+    for step in steps:
+        path = folder / f"step_{step}"
+        path.mkdir(parents=True)
+        (path / "progress.json").write_text(json.dumps(
+            {"step": step, "total_steps": total, "planned": False, "budget": {"anchor": None},
+             "run": {"settings": settings}}))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("steps, total, max_minutes, deleted", [
+    ([3, 6, 9, 10], 10, 5.0, [3]),       # the newest two are in the decay: step 6 stays
+    ([3, 6, 9, 10], 10, None, [3, 6]),   # no budget to extend: the newest two only
+    ([3, 6, 7], 20, 5.0, [3]),           # a newest one is before the decay already
+    ([2, 3, 9, 10], 10, 5.0, [2]),       # the newest before the decay, not an older one
+])
+def test_pruning_keeps_the_newest_checkpoint_from_before_the_decay(tmp_path, steps, total,
+                                                                   max_minutes, deleted):
+    """A budgeted run keeps its last stable-phase checkpoint beyond `keep_checkpoints`: training
+    it on to a longer budget (a benchmark's `extends`) starts there."""
+    paths = fake_checkpoints(tmp_path, steps, total, max_minutes)
+    assert checkpoint_module.pruned(paths, 2) == [tmp_path / f"step_{s}" for s in deleted]
