@@ -97,13 +97,9 @@ def pruned(checkpoints: list[Path], keep: int) -> list[Path]:
     checkpoint is what training it on to a longer budget starts from (`kinds.L.extends` in a
     benchmark, or a resume with a larger `train.max_minutes`); without it the run could only be
     trained again."""
-    older, newest = checkpoints[:-keep], checkpoints[-keep:]
-    if any(_extendable(path) for path in newest):
-        return older
-    for index in range(len(older) - 1, -1, -1):
-        if _extendable(older[index]):
-            return older[:index] + older[index + 1:]
-    return older
+    extendable = [path for path in checkpoints if _extendable(path)]
+    spared = extendable[-1:]  # among the newest `keep` already, or one older kept with them
+    return [path for path in checkpoints[:-keep] if path not in spared]
 
 
 def _extendable(folder: Path) -> bool:
