@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except DraftsmithError as err:
         print(f"draftsmith: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("draftsmith: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -18,14 +18,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
-
-import yaml
 
 from draftsmith.bench.config import BenchConfig, KindEntry
 from draftsmith.bench.engine_stage import engine_check, read_engine_checks
@@ -36,6 +31,7 @@ from draftsmith.bench.train_pace import (
     seconds_per_step,
     tokens_per_second,
 )
+from draftsmith.bench.train_process import run_training_process
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import split_method
 from draftsmith.files import write_json
@@ -85,33 +81,6 @@ def kind_recipe(config: BenchConfig, entry: KindEntry, **train) -> dict:
     raw["drafter"] = {**raw.get("drafter", {}), **entry.drafter}
     raw["train"] = {**raw.get("train", {}), **config.train, **entry.train, **train}
     return raw
-
-
-def _train(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
-    """Run `python -m draftsmith.train` on a recipe in its own process; returns wall seconds."""
-    from draftsmith.train.recipe import build_recipe
-
-    build_recipe(raw)  # a bad override fails here, with the recipe's own error
-    recipe_path.parent.mkdir(parents=True, exist_ok=True)
-    recipe_path.write_text(f"# written by draftsmith bench from {config.path}\n"
-                           + yaml.safe_dump(raw, sort_keys=False))
-    log(f"$ {sys.executable} -m draftsmith.train --config {recipe_path}")
-    start = time.perf_counter()
-    code = subprocess.call([sys.executable, "-m", "draftsmith.train", "--config", str(recipe_path)],
-                           env={**os.environ, **training_devices(config.compute_device())})
-    if code != 0:
-        raise DraftsmithError(f"training with {recipe_path} failed (exit {code}); fix the error "
-                              "above and run the benchmark again (it resumes)")
-    return time.perf_counter() - start
-
-
-def training_devices(device: str) -> dict[str, str]:
-    """The environment that makes a training process (which takes a GPU when it sees one) use
-    `device`: no GPU for `cpu`, GPU N alone for `cuda:N`, the visible ones for `cuda`."""
-    if device == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    index = device.partition(":")[2]
-    return {"CUDA_VISIBLE_DEVICES": index} if index else {}
 
 
 def _metrics(folder: Path) -> list[dict]:
@@ -180,7 +149,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
     if not any(r.get("step") == config.calibration_steps and "loss" in r for r in rows):
         raw = kind_recipe(config, entry, max_steps=config.calibration_steps, warmup_steps=1,
                           eval_every=0, save_every=0, eval_fraction=0.0, output_dir=str(calibration))
-        _train(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
+        run_training_process(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
         rows = _metrics(calibration)
     raw = kind_recipe(config, entry, output_dir=str(folder))
     samples = raw["train"]["batch_size"] * raw["train"].get("grad_accum", 1)
@@ -209,7 +178,7 @@ def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step
     attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
     folder.mkdir(parents=True, exist_ok=True)
     finished = (folder / "drafter" / "draftsmith_drafter.json").is_file()
-    seconds = _train(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
+    seconds = run_training_process(config, raw, out / "recipes" / f"{entry.label}.yaml", log)
     if not finished:  # a drafter trained before (its record not yet written) cost nothing now
         attempts.append(seconds)
     write_json(attempts_path, attempts)

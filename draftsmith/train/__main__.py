@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     except DraftsmithError as err:
         print(f"draftsmith: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before or after the step loop, which saves and stops on Ctrl-C
+        print("draftsmith: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -25,6 +25,7 @@ from draftsmith.train.batching import ExampleBatches
 from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import save_drafter, save_state
+from draftsmith.train.draft_vocab import install_draft_vocab
 from draftsmith.train.joint import wrap_with_lora
 from draftsmith.train.loss_module import LossModule, init_from_first_batch
 from draftsmith.train.metrics import MetricsLog, simulated_tau
@@ -41,6 +42,7 @@ from draftsmith.train.resume import (
     scheduler_state,
     setting_differences,
 )
+from draftsmith.train.stop_signal import StopRequest, stop_exit_code
 from draftsmith.train.target_parts import gathered, holds_whole, local_numel
 
 
@@ -194,69 +196,78 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
     padded_tokens = 0  # and with padding: what the step computes on (its cost)
     paused = False  # an evaluation or a checkpoint ran since the last step
-    while step < schedule.total:
-        epoch = micro_done // micro_per_epoch
-        for batch in data.train_batches(epoch, micro_done - epoch * micro_per_epoch):
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    loss, metrics = model(batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.clip > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
-                optimizer.step()
-                if accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
-            micro_done += 1
-            step_tokens += int(batch["attention_mask"].sum())
-            padded_tokens += batch["input_ids"].numel()
-            if not accelerator.sync_gradients:
-                continue
-            step += 1
-            loss, metrics = mean_over_processes(accelerator, loss, metrics)
-            tokens = int(accelerator.reduce(torch.tensor(step_tokens, device=accelerator.device),
-                                            "sum"))
-            step_tokens = 0
-            row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
-                   **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
-                   "seconds": time.perf_counter() - start}
-            log.write(row)
-            progress.update(1)
-            progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
-            if planner is not None:
-                revisable = schedule.revisable(step)
-                planner.record(row["seconds"], padded_tokens, paused)
-                final_steps = data.num_eval_batches() / cfg.grad_accum  # an eval batch costs <= a step
-                if planner.ready() and step < schedule.total and _plan_total(
-                        accelerator, cfg, planner, schedule, step, row["seconds"], final_steps,
-                        plans == 0, log):
-                    plans += 1
-                    progress.total = schedule.total
-                    progress.refresh()
-                if plans and revisable and not schedule.revisable(step):
-                    accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {schedule.total} "
-                                      f"steps from step {step} on ({cfg.schedule}: a new total "
-                                      "would change the learning rate); only a pace that would "
-                                      "miss the budget re-times the rest of the decay")
-            padded_tokens, paused = 0, False
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
-                log.write({"step": step, **evaluate(model, data.eval_batches(), accelerator)})
-                paused = True
-            if cfg.save_every and step % cfg.save_every == 0 and step < schedule.total:
-                spent = {} if planner is None else {"budget": {
-                    "spent_seconds": planner.spent_before + row["seconds"], "plans": plans,
-                    "anchor": schedule.anchor}}
-                stream = {"epoch": micro_done // micro_per_epoch,
-                          "batches_done": micro_done % micro_per_epoch}
-                save_state(accelerator, out_dir, step,
-                           {"total_steps": schedule.total, "planned": planner is None, **spent,
-                            "scheduler": scheduler_state(scheduler), "run": record,
-                            "data_stream": stream},
-                           keep=cfg.keep_checkpoints)
-                paused = True
-            if step >= schedule.total:
-                break
+    with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
+        while step < schedule.total:
+            epoch = micro_done // micro_per_epoch
+            for batch in data.train_batches(epoch, micro_done - epoch * micro_per_epoch):
+                batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        loss, metrics = model(batch)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and cfg.clip > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
+                    optimizer.step()
+                    if accelerator.sync_gradients:
+                        scheduler.step()
+                    optimizer.zero_grad()
+                micro_done += 1
+                step_tokens += int(batch["attention_mask"].sum())
+                padded_tokens += batch["input_ids"].numel()
+                if not accelerator.sync_gradients:
+                    continue
+                step += 1
+                loss, metrics = mean_over_processes(accelerator, loss, metrics)
+                # summed with this step's tokens: a stop requested on any process stops every one
+                counts = accelerator.reduce(torch.tensor(
+                    [step_tokens, int(stop_request.signum > 0)], device=accelerator.device), "sum")
+                tokens, stopping = int(counts[0]), bool(counts[1])
+                step_tokens = 0
+                row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
+                       **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
+                       "seconds": time.perf_counter() - start}
+                log.write(row)
+                progress.update(1)
+                progress.set_postfix(loss=f"{float(loss):.3f}",
+                                     acc0=f"{float(metrics['acc_0']):.2f}")
+                if planner is not None:
+                    revisable = schedule.revisable(step)
+                    planner.record(row["seconds"], padded_tokens, paused)
+                    # an eval batch costs <= a step
+                    final_steps = data.num_eval_batches() / cfg.grad_accum
+                    if planner.ready() and step < schedule.total and _plan_total(
+                            accelerator, cfg, planner, schedule, step, row["seconds"], final_steps,
+                            plans == 0, log):
+                        plans += 1
+                        progress.total = schedule.total
+                        progress.refresh()
+                    if plans and revisable and not schedule.revisable(step):
+                        accelerator.print(
+                            f"train.max_minutes={cfg.max_minutes:g}: {schedule.total} steps from "
+                            f"step {step} on ({cfg.schedule}: a new total would change the "
+                            "learning rate); only a pace that would miss the budget re-times the "
+                            "rest of the decay")
+                padded_tokens, paused = 0, False
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
+                    log.write({"step": step, **evaluate(model, data.eval_batches(), accelerator)})
+                    paused = True
+                if (stopping or (cfg.save_every and step % cfg.save_every == 0)) and \
+                        step < schedule.total:
+                    spent = {} if planner is None else {"budget": {
+                        "spent_seconds": planner.spent_before + row["seconds"], "plans": plans,
+                        "anchor": schedule.anchor}}
+                    stream = {"epoch": micro_done // micro_per_epoch,
+                              "batches_done": micro_done % micro_per_epoch}
+                    save_state(accelerator, out_dir, step,
+                               {"total_steps": schedule.total, "planned": planner is None, **spent,
+                                "scheduler": scheduler_state(scheduler), "run": record,
+                                "data_stream": stream},
+                               keep=cfg.keep_checkpoints)
+                    paused = True
+                if stopping and step < schedule.total:
+                    _stop(accelerator, progress, stop_request, step, out_dir)
+                if step >= schedule.total:
+                    break
     progress.close()
     final_eval = evaluate(model, data.eval_batches(), accelerator)
     log.write({"step": step, **final_eval})
@@ -354,25 +365,17 @@ def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule
     return True
 
 
-def install_draft_vocab(drafter, vocab, target_vocab_size: int) -> None:
-    """Give an EAGLE-3 or DFlash drafter the data's draft vocabulary (before its head is
-    initialised); a DFlash drafter without `draft_vocab_size` drafts over every token and ignores it.
-
-    Raises:
-        DraftsmithError: no vocabulary while the drafter drafts over fewer tokens than the target
-            has (its first Vd ids would be arbitrary tokens), or one of another size.
-    """
-    if drafter.config.draft_vocab_size is None:
-        return
-    if vocab is None:
-        if drafter.draft_vocab_size < target_vocab_size:
-            raise DraftsmithError(missing_draft_vocab(drafter.draft_vocab_size, target_vocab_size))
-        return
-    if vocab.d2t.numel() != drafter.draft_vocab_size:
-        raise DraftsmithError(
-            f"data.draft_vocab_size={vocab.d2t.numel()} differs from drafter.draft_vocab_size="
-            f"{drafter.draft_vocab_size}; set both to the same value")
-    drafter.set_draft_vocab(vocab.d2t, vocab.t2d)
+def _stop(accelerator, progress, request: StopRequest, step: int, out_dir: Path) -> None:
+    """End a run stopped by a signal once its checkpoint is saved: every rank exits with 128 +
+    the signal's number."""
+    code = stop_exit_code(accelerator, request)
+    progress.close()
+    accelerator.print(f"train: stopped after step {step} by a signal; checkpoint "
+                      f"{out_dir / 'checkpoints' / f'step_{step}'} saved; run the same command "
+                      "to resume from it")
+    accelerator.end_training()
+    leave_process_group(finished=True, exit_code=code)
+    raise SystemExit(code)
 
 
 def _progress_bar(accelerator, total: int, initial: int):
@@ -380,21 +383,3 @@ def _progress_bar(accelerator, total: int, initial: int):
 
     return tqdm(total=total, initial=initial, desc="train", unit="step",
                 disable=not accelerator.is_main_process)
-
-
-def missing_draft_vocab(draft_vocab_size: int, target_vocab_size: int,
-                        tokenized: bool = False) -> str:
-    """The error for a reduced draft vocabulary that the data does not provide."""
-    counts = "counts the most frequent trained tokens into DATA_OUT_DIR/draft_vocab.safetensors"
-    if tokenized:
-        fix = ("pre-tokenized data (data.tokenized) carries none; prepare the data with "
-               f"`draftsmith data run --config DATA_RECIPE` (see recipes/data/) and "
-               f"data.draft_vocab_size: {draft_vocab_size}, which {counts}, and train from that "
-               "data section instead")
-    else:
-        fix = (f"the recipe builds none; add `draft_vocab_size: {draft_vocab_size}` to its data "
-               "section, so that the data pipeline (`draftsmith data run`, which `draftsmith "
-               f"train` runs first) {counts}")
-    return (f"drafter.draft_vocab_size={draft_vocab_size} of the target's {target_vocab_size:,} "
-            f"tokens needs a draft vocabulary (which tokens the drafter proposes), but {fix}; or "
-            f"set drafter.draft_vocab_size: {target_vocab_size} to draft over every token")

@@ -213,7 +213,7 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
         DraftsmithError: the data builds no draft vocabulary, or one of another size.
     """
     from draftsmith.registry import get_spec
-    from draftsmith.train.loop import missing_draft_vocab
+    from draftsmith.train.draft_vocab import missing_draft_vocab
 
     if not get_spec(recipe.kind).uses_draft_vocab:
         return

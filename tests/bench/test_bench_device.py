@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from draftsmith.bench import run as bench_run
+from draftsmith.bench import train_process
 from draftsmith.bench.config import load_bench_config
 from draftsmith.cli import main
 from tests.bench.test_bench import write_configs
@@ -23,9 +24,9 @@ def test_bench_device_flag_is_parsed_and_checked(tmp_path, capsys):
 
 
 def test_training_sees_the_benchmark_device():
-    assert bench_run.training_devices("cpu") == {"CUDA_VISIBLE_DEVICES": ""}
-    assert bench_run.training_devices("cuda:1") == {"CUDA_VISIBLE_DEVICES": "1"}
-    assert bench_run.training_devices("cuda") == {}
+    assert train_process.training_devices("cpu") == {"CUDA_VISIBLE_DEVICES": ""}
+    assert train_process.training_devices("cuda:1") == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert train_process.training_devices("cuda") == {}
 
 
 def test_every_stage_gets_the_device(tmp_path, monkeypatch):

@@ -1,0 +1,65 @@
+"""A benchmark's training stage runs `python -m draftsmith.train` in its own process, on the
+benchmark's device, and passes a stop signal on to it (the run saves a checkpoint and the benchmark
+resumes it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from draftsmith.bench.config import BenchConfig
+from draftsmith.errors import DraftsmithError
+
+
+def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
+    """Run `python -m draftsmith.train` on a recipe in its own process; returns wall seconds."""
+    from draftsmith.train.recipe import build_recipe
+
+    build_recipe(raw)  # a bad override fails here, with the recipe's own error
+    recipe_path.parent.mkdir(parents=True, exist_ok=True)
+    recipe_path.write_text(f"# written by draftsmith bench from {config.path}\n"
+                           + yaml.safe_dump(raw, sort_keys=False))
+    log(f"$ {sys.executable} -m draftsmith.train --config {recipe_path}")
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "draftsmith.train", "--config",
+                                str(recipe_path)],
+                               env={**os.environ, **training_devices(config.compute_device())})
+    try:
+        code = process.wait()
+    except BaseException as err:  # Ctrl-C or SIGTERM: the training saves a checkpoint first
+        stop_training(process, signal.SIGINT if isinstance(err, KeyboardInterrupt)
+                      else signal.SIGTERM)
+        raise
+    if code != 0:
+        raise DraftsmithError(f"training with {recipe_path} failed (exit {code}); fix the error "
+                              "above and run the benchmark again (it resumes)")
+    return time.perf_counter() - start
+
+
+def stop_training(process: subprocess.Popen, signum: int) -> None:
+    """Pass a stop signal on to a training process and wait while it saves its checkpoint and
+    exits (it takes the copy a terminal's Ctrl-C also sent it as one request); a further signal
+    here kills it."""
+    try:
+        if process.poll() is None:
+            process.send_signal(signum)
+        process.wait()
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+
+
+def training_devices(device: str) -> dict[str, str]:
+    """The environment that makes a training process (which takes a GPU when it sees one) use
+    `device`: no GPU for `cpu`, GPU N alone for `cuda:N`, the visible ones for `cuda`."""
+    if device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    index = device.partition(":")[2]
+    return {"CUDA_VISIBLE_DEVICES": index} if index else {}

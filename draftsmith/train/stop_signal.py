@@ -1,0 +1,71 @@
+"""Stopping a training run cleanly on SIGTERM or SIGINT (Ctrl-C): the run finishes the optimizer
+step in progress, saves a checkpoint and exits with 128 + the signal's number (143, 130); the same
+command resumes it exactly.
+
+Schedulers preempt a job with SIGTERM and a grace period before SIGKILL (SLURM, Kubernetes);
+without this, such a stop, `kill` or Ctrl-C lost every step since the last `train.save_every`
+checkpoint. A second signal `REPEAT_SECONDS` or more after the first stops at once, as a signal did
+before (the steps since the last checkpoint are lost). One sooner is the same request arriving
+twice: a terminal's Ctrl-C reaches `draftsmith bench` and the training process it runs, and bench
+forwards what it receives.
+
+In a run of several processes the signal may reach only some of them: the loop sums the request
+over processes with the step's token count (no collective of its own), so every rank stops after
+the same step and they save the checkpoint together.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_SECONDS = 2.0
+
+
+class StopRequest:
+    """While entered, SIGTERM and SIGINT request a stop instead of ending the process; leaving
+    restores the handlers there were. Signals are handled by the main thread only: entered from
+    another thread it installs nothing and no stop is ever requested."""
+
+    def __init__(self) -> None:
+        self.signum = 0  # the first stop signal received here; 0 while none
+        self._received_at = 0.0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        now = time.monotonic()
+        if self.signum:
+            if now - self._received_at < REPEAT_SECONDS:
+                return  # the same request, delivered twice
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum, self._received_at = signum, now
+        name = signal.Signals(signum).name
+        # os.write: a handler may run while print() holds the stream's lock
+        os.write(2, f"\ntrain: {name} received: saving a checkpoint after this step, then "
+                    f"stopping ({name} again stops at once and loses the steps since the last "
+                    "checkpoint)\n".encode())
+
+
+def stop_exit_code(accelerator, request: StopRequest) -> int:
+    """128 + the signal that stopped the run: the highest number any process received (called on
+    every rank once the summed request says that some rank received one)."""
+    import torch
+
+    received = accelerator.reduce(torch.tensor(request.signum, device=accelerator.device), "max")
+    return 128 + (int(received) or signal.SIGTERM)
