@@ -37,9 +37,24 @@ def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log)
                       else signal.SIGTERM)
         raise
     if code != 0:
-        raise DraftsmithError(f"training with {recipe_path} failed (exit {code}); fix the error "
-                              "above and run the benchmark again (it resumes)")
+        raise DraftsmithError(training_failure(recipe_path, code))
     return time.perf_counter() - start
+
+
+def training_failure(recipe_path: Path, code: int) -> str:
+    """The error for a training process that exited with `code` (not 0)."""
+    if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+        return (f"training with {recipe_path} was stopped by {signal.Signals(code - 128).name} and "
+                "saved a checkpoint; run the benchmark again to resume it")
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return (f"training with {recipe_path} was killed by {name}; run the benchmark again to "
+                "resume it from its last checkpoint")
+    return (f"training with {recipe_path} failed (exit {code}); fix the error above and run the "
+            "benchmark again (it resumes)")
 
 
 def stop_training(process: subprocess.Popen, signum: int) -> None:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import draftsmith.train.loop as loop_module
 import draftsmith.train.stop_signal as stop_signal
-from draftsmith.bench.train_process import stop_training
+from draftsmith.bench.train_process import stop_training, training_failure
 from draftsmith.engines.server_process import free_port
 from draftsmith.train.metrics import MetricsLog
 from tests.bad_input.test_resume import KIND, STEPS, assert_same_weights, loss_steps, train
@@ -101,6 +101,16 @@ def test_a_benchmark_passes_the_signal_on_and_waits_for_the_save(tmp_path):
     stop_training(process, signal.SIGTERM)
     assert process.returncode == 128 + signal.SIGTERM
     assert marker.read_text() == str(int(signal.SIGTERM))
+
+
+@pytest.mark.parametrize("code, message", [
+    (143, "was stopped by SIGTERM and saved a checkpoint; run the benchmark again to resume it"),
+    (130, "was stopped by SIGINT and saved a checkpoint"),
+    (-9, "was killed by SIGKILL; run the benchmark again to resume it from its last checkpoint"),
+    (2, "failed (exit 2); fix the error above and run the benchmark again (it resumes)"),
+])
+def test_a_benchmark_says_how_its_training_ended(code, message):
+    assert message in training_failure(Path("r.yaml"), code)
 
 
 def rank_pids(launcher: int) -> dict[int, int]:
