@@ -55,6 +55,15 @@ def test_steps_that_all_follow_a_pause_still_give_a_pace():
     assert len(planner.window) == 3 and planner.pause_seconds == pytest.approx((10.0 - 3.4) - 0.8)
 
 
+def test_a_stall_among_the_first_steps_is_not_the_pace():
+    # a resumed run re-plans from its first three measured steps: one stall is left out
+    steps = [(30.0, 100, False)] + [(0.5, 100, False)] * 2 + [(9.0, 100, False)]
+    resumed, _ = planner_after(steps, spent_before=600.0)
+    assert resumed.ready() and resumed.tokens_per_second() == pytest.approx(200.0)
+    planner, _ = planner_after(steps[:3])  # two steps: no trim (and not ready)
+    assert not planner.ready() and planner.tokens_per_second() == pytest.approx(200.0)
+
+
 def test_the_plan_fits_the_budget_left_after_the_final_evaluation():
     steps = [(1.0, 100, False)] + [(0.5, 100, False)] * 3  # 2.5 s on the clock, 0.5 s a step
     planner, clock = planner_after(steps, budget=20.0)
