@@ -248,7 +248,8 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                             "learning rate); only a pace that would miss the budget re-times the "
                             "rest of the decay")
                 padded_tokens, paused = 0, False
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total:
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total \
+                        and not stopping:  # a stop saves at once
                     log.write({"step": step, **evaluate(model, data.eval_batches(), accelerator)})
                     paused = True
                 if (stopping or (cfg.save_every and step % cfg.save_every == 0)) and \

@@ -54,9 +54,11 @@ def test_a_stop_signal_saves_after_the_step_and_the_run_resumes_exactly(
     handlers = {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS}
     signalled_after_step(monkeypatch, 3, *signums)
     with pytest.raises(SystemExit) as stopped:
-        train(tmp_path)
+        train(tmp_path, eval_every=4)
     assert stopped.value.code == 128 + signums[0]
     run_dir = tmp_path / KIND
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not any(key.startswith("eval/") for row in rows for key in row), "a stop saves at once"
     # the signal came during step 3's bookkeeping: step 4 is the one in progress when it is seen
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4"]
     assert not (run_dir / "drafter").exists()
@@ -68,7 +70,7 @@ def test_a_stop_signal_saves_after_the_step_and_the_run_resumes_exactly(
     assert {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS} == handlers
 
     monkeypatch.undo()
-    resumed = train(tmp_path)
+    resumed = train(tmp_path, eval_every=4)
     assert "resuming from" in capfd.readouterr().out
     assert_same_weights(straight, load_file(resumed / "model.safetensors"))
     assert loss_steps(run_dir) == list(range(1, STEPS + 1))
