@@ -7,7 +7,7 @@ import os
 import sys
 
 
-def leave_process_group(finished: bool, exit_code: int = 0) -> None:
+def leave_process_group(finished: bool) -> None:
     """Leave the process group, if this process joined one.
 
     Tearing a gloo (CPU) group down can deadlock or abort a finished run. Seen (py-spy, a 2-process
@@ -17,9 +17,9 @@ def leave_process_group(finished: bool, exit_code: int = 0) -> None:
     interpreter's exit aborted a rank instead ("terminate called without an active exception").
     So in a gloo group of several processes, called while the run's models are still referenced:
     `finished` (this rank's work is done and written): every rank meets at a last barrier and the
-    process exits with status `exit_code` at once, without teardown; when another rank left with an
-    error instead, this one exits with status 1 saying so. A failed run (not `finished`) leaves the
-    group as it is, so its error is printed before any teardown. NCCL groups: destroy_process_group.
+    process exits with status 0 at once, without teardown; when another rank left with an error
+    instead, this one exits with status 1 saying so. A failed run (not `finished`) leaves the group
+    as it is, so its error is printed before any teardown. NCCL groups: destroy_process_group.
     """
     import torch.distributed as dist
 
@@ -38,7 +38,7 @@ def leave_process_group(finished: bool, exit_code: int = 0) -> None:
               file=sys.stderr)
         code = 1
     else:
-        code = exit_code
+        code = 0
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

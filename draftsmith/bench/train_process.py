@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 
 from draftsmith.bench.config import BenchConfig
 from draftsmith.errors import DraftsmithError
+from draftsmith.train import stop_signal
 
 
 def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
@@ -59,16 +61,25 @@ def training_failure(recipe_path: Path, code: int) -> str:
 
 def stop_training(process: subprocess.Popen, signum: int) -> None:
     """Pass a stop signal on to a training process and wait while it saves its checkpoint and
-    exits (it takes the copy a terminal's Ctrl-C also sent it as one request); a further signal
-    here kills it."""
+    exits. Signals that come meanwhile are passed on too, except within `REPEAT_SECONDS` of the
+    first (a terminal's Ctrl-C pressed twice: the copies reach the training process directly, as
+    one request); a later one makes it stop at once."""
+    first = time.monotonic()
+
+    def forward(received: int, frame) -> None:
+        if time.monotonic() - first >= stop_signal.REPEAT_SECONDS and process.poll() is None:
+            process.send_signal(received)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, forward) for s in stop_signal.STOP_SIGNALS}
     try:
         if process.poll() is None:
             process.send_signal(signum)
         process.wait()
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
+    finally:
+        for received, handler in previous.items():
+            signal.signal(received, signal.SIG_DFL if handler is None else handler)
 
 
 def training_devices(device: str) -> dict[str, str]:

@@ -220,8 +220,9 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                 loss, metrics = mean_over_processes(accelerator, loss, metrics)
                 # summed with this step's tokens: a stop requested on any process stops every one
                 counts = accelerator.reduce(torch.tensor(
-                    [step_tokens, int(stop_request.signum > 0)], device=accelerator.device), "sum")
-                tokens, stopping = int(counts[0]), bool(counts[1])
+                    [step_tokens, *stop_request.counts()], device=accelerator.device), "sum")
+                tokens, stop_code = int(counts[0]), stop_exit_code(*counts[1:].tolist())
+                stopping = stop_code is not None
                 step_tokens = 0
                 row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
                        **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
@@ -266,7 +267,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                                keep=cfg.keep_checkpoints)
                     paused = True
                 if stopping and step < schedule.total:
-                    _stop(accelerator, progress, stop_request, step, out_dir)
+                    _stop(accelerator, progress, stop_code, step, out_dir)
                 if step >= schedule.total:
                     break
     progress.close()
@@ -366,16 +367,13 @@ def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule
     return True
 
 
-def _stop(accelerator, progress, request: StopRequest, step: int, out_dir: Path) -> None:
-    """End a run stopped by a signal once its checkpoint is saved: every rank exits with 128 +
-    the signal's number."""
-    code = stop_exit_code(accelerator, request)
+def _stop(accelerator, progress, code: int, step: int, out_dir: Path) -> None:
+    """End a run stopped by a signal once its checkpoint is saved: every rank exits with `code`."""
     progress.close()
     accelerator.print(f"train: stopped after step {step} by a signal; checkpoint "
                       f"{out_dir / 'checkpoints' / f'step_{step}'} saved; run the same command "
                       "to resume from it")
-    accelerator.end_training()
-    leave_process_group(finished=True, exit_code=code)
+    accelerator.end_training()  # trackers finished, the process group left (as at the end)
     raise SystemExit(code)
 
 

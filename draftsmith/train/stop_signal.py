@@ -4,18 +4,20 @@ command resumes it exactly.
 
 Schedulers preempt a job with SIGTERM and a grace period before SIGKILL (SLURM, Kubernetes);
 without this, such a stop, `kill` or Ctrl-C lost every step since the last `train.save_every`
-checkpoint. A second signal `REPEAT_SECONDS` or more after the first stops at once, as a signal did
-before (the steps since the last checkpoint are lost). One sooner is the same request arriving
-twice: a terminal's Ctrl-C reaches `draftsmith bench` and the training process it runs, and bench
-forwards what it receives.
+checkpoint. A second signal `REPEAT_SECONDS` or more after the first ends the process at once by
+the signal's default action (the steps since the last checkpoint are lost). One sooner is the same
+request arriving twice: a terminal's Ctrl-C reaches `draftsmith bench` and the training process it
+runs, and bench forwards what it receives.
 
 In a run of several processes the signal may reach only some of them: the loop sums the request
 over processes with the step's token count (no collective of its own), so every rank stops after
-the same step and they save the checkpoint together.
+the same step and they save the checkpoint together. It is seen at the end of a step: allow a
+preemption's grace period an evaluation (one scheduled when the signal came), a step and a save.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -46,26 +48,32 @@ class StopRequest:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
 
+    def counts(self) -> tuple[int, int]:
+        """(a stop is requested, it came by SIGTERM) as 0/1, summed over processes each step."""
+        return int(self.signum > 0), int(self.signum == signal.SIGTERM)
+
     def _handle(self, signum: int, frame) -> None:
         now = time.monotonic()
         if self.signum:
             if now - self._received_at < REPEAT_SECONDS:
                 return  # the same request, delivered twice
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+            # at once, as without this handler: the default action ends the process (a rank
+            # blocked in a collective too, where no Python handler would run)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.signum, self._received_at = signum, now
         name = signal.Signals(signum).name
         # os.write: a handler may run while print() holds the stream's lock
-        os.write(2, f"\ntrain: {name} received: saving a checkpoint after this step, then "
-                    f"stopping ({name} again stops at once and loses the steps since the last "
-                    "checkpoint)\n".encode())
+        with contextlib.suppress(OSError):  # a closed stderr must not end this rank alone
+            os.write(2, f"\ntrain: {name} received: saving a checkpoint after this step, then "
+                        f"stopping ({name} again stops at once and loses the steps since the "
+                        "last checkpoint)\n".encode())
 
 
-def stop_exit_code(accelerator, request: StopRequest) -> int:
-    """128 + the signal that stopped the run: the highest number any process received (called on
-    every rank once the summed request says that some rank received one)."""
-    import torch
-
-    received = accelerator.reduce(torch.tensor(request.signum, device=accelerator.device), "max")
-    return 128 + (int(received) or signal.SIGTERM)
+def stop_exit_code(requested: float, sigterms: float) -> int | None:
+    """The exit code of a run some processes asked to stop, from `StopRequest.counts()` summed over
+    processes: 143 when any received SIGTERM, else 130 (SIGINT); None when none asked."""
+    if not requested:
+        return None
+    return 128 + (signal.SIGTERM if sigterms else signal.SIGINT)

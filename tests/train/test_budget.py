@@ -60,8 +60,9 @@ def test_a_stall_among_the_first_steps_is_not_the_pace():
     steps = [(30.0, 100, False)] + [(0.5, 100, False)] * 2 + [(9.0, 100, False)]
     resumed, _ = planner_after(steps, spent_before=600.0)
     assert resumed.ready() and resumed.tokens_per_second() == pytest.approx(200.0)
-    planner, _ = planner_after(steps[:3])  # two steps: no trim (and not ready)
-    assert not planner.ready() and planner.tokens_per_second() == pytest.approx(200.0)
+    fresh, _ = planner_after(steps)  # a new run's first plan, the same way
+    assert fresh.ready() and fresh.tokens_per_second() == pytest.approx(200.0)
+    assert fresh.plan(4, 40.0, final_steps=0) == 4 + 40  # (60 s - 40 s) / 0.5 s
 
 
 def test_the_plan_fits_the_budget_left_after_the_final_evaluation():

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,33 +77,63 @@ def test_a_stop_signal_saves_after_the_step_and_the_run_resumes_exactly(
     assert loss_steps(run_dir) == list(range(1, STEPS + 1))
 
 
-def test_a_second_signal_later_stops_at_once(tmp_path, monkeypatch):
+def test_a_second_signal_later_ends_the_process_at_once(tmp_path, monkeypatch):
+    """by the signal's default action (faked here: it would end the test run)"""
+    killed = []
+
+    def kill(pid, signum):
+        killed.append((pid, signum, signal.getsignal(signum)))
+        raise SystemExit("killed")
+
     monkeypatch.setattr(stop_signal, "REPEAT_SECONDS", 0.0)
+    monkeypatch.setattr(stop_signal.os, "kill", kill)
     signalled_after_step(monkeypatch, 3, signal.SIGTERM, signal.SIGTERM)
-    with pytest.raises(SystemExit) as stopped:
+    handlers = {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS}
+    with pytest.raises(SystemExit, match="killed"):
         train(tmp_path, save_every=2)
-    assert stopped.value.code == 128 + signal.SIGTERM
+    assert killed == [(os.getpid(), signal.SIGTERM, signal.SIG_DFL)]
     checkpoints = tmp_path / KIND / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2"], "no save after step 3"
+    assert {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS} == handlers
 
 
-def test_a_benchmark_passes_the_signal_on_and_waits_for_the_save(tmp_path):
+CHILD = """import signal, sys, time, pathlib
+received = []
+def stop(signum, frame):
+    received.append(signum)
+    if len(received) > 1:
+        return
+    time.sleep(1.0)  # saving
+    pathlib.Path(sys.argv[1]).write_text(str(len(received)))
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("repeat_seconds, received", [(2.0, "1"), (0.1, "2")],
+                         ids=["twice-at-once-is-one-request", "again-later-is-passed-on"])
+def test_a_benchmark_passes_stop_signals_on_and_waits_for_the_save(tmp_path, monkeypatch,
+                                                                   repeat_seconds, received):
     """`draftsmith bench` runs training in a process of its own: stopped, it signals that process
-    and waits while it saves."""
+    and waits while it saves; a second signal soon after is the same request, a later one is
+    passed on."""
+    monkeypatch.setattr(stop_signal, "REPEAT_SECONDS", repeat_seconds)
     marker = tmp_path / "saved"
-    child = ("import signal, sys, time, pathlib\n"
-             "def stop(signum, frame):\n"
-             "    time.sleep(0.5)\n"
-             f"    pathlib.Path({str(marker)!r}).write_text(str(signum))\n"
-             "    sys.exit(128 + signum)\n"
-             "signal.signal(signal.SIGTERM, stop)\n"
-             "print('ready', flush=True)\n"
-             "time.sleep(60)\n")
-    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-c", CHILD, str(marker)], stdout=subprocess.PIPE,
+                               text=True)
     assert process.stdout.readline().strip() == "ready"
-    stop_training(process, signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS}
+    again = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGTERM))
+    again.start()
+    try:
+        stop_training(process, signal.SIGTERM)
+    finally:
+        again.join()
     assert process.returncode == 128 + signal.SIGTERM
-    assert marker.read_text() == str(int(signal.SIGTERM))
+    assert marker.read_text() == received
+    assert {s: signal.getsignal(s) for s in stop_signal.STOP_SIGNALS} == handlers
 
 
 @pytest.mark.parametrize("code, message", [
@@ -116,15 +147,12 @@ def test_a_benchmark_says_how_its_training_ended(code, message):
 
 
 def rank_pids(launcher: int) -> dict[int, int]:
-    """{rank: pid} of the processes `accelerate launch` started (read from their environment)."""
+    """{rank: pid} of the processes `accelerate launch` started (its children; the rank read from
+    their environment)."""
     table = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
-    parents = {int(p): int(parent) for p, parent in (line.split() for line in table.splitlines())}
     ranks = {}
-    for pid in parents:
-        ancestor = parents.get(pid)
-        while ancestor not in (None, 0, 1, launcher):
-            ancestor = parents.get(ancestor)
-        if ancestor != launcher:
+    for pid, parent in (map(int, line.split()) for line in table.splitlines()):
+        if parent != launcher:
             continue
         try:
             text = Path(f"/proc/{pid}/environ").read_text()
@@ -179,5 +207,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
         "rng_state_1.safetensors"], stderr[-3000:]
     assert json.loads((folder / "progress.json").read_text())["step"] == last
     assert stderr.count("SIGTERM received") == 1
+    assert process.returncode != 0 and "terminate called" not in stderr
+    assert stderr.count("exitcode  : 143") == 2, stderr[-3000:]  # torch elastic's report
     assert f"stopped after step {last} by a signal" in stdout
     assert not (tmp_path / "run" / "drafter").exists()
