@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -70,16 +69,13 @@ def stop_training(process: subprocess.Popen, signum: int) -> None:
         if time.monotonic() - first >= stop_signal.REPEAT_SECONDS and process.poll() is None:
             process.send_signal(received)
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, forward) for s in stop_signal.STOP_SIGNALS}
+    previous = stop_signal.install_stop_handlers(forward)
     try:
         if process.poll() is None:
             process.send_signal(signum)
         process.wait()
     finally:
-        for received, handler in previous.items():
-            signal.signal(received, signal.SIG_DFL if handler is None else handler)
+        stop_signal.restore_handlers(previous)
 
 
 def training_devices(device: str) -> dict[str, str]:

@@ -27,6 +27,20 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REPEAT_SECONDS = 2.0
 
 
+def install_stop_handlers(handler) -> dict:
+    """`handler` for SIGTERM and SIGINT; returns the handlers it replaced (none off the main
+    thread, where signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+
+
+def restore_handlers(previous: dict) -> None:
+    """Put back what `install_stop_handlers` replaced (one set from C, None, as the default)."""
+    for signum, handler in previous.items():
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
 class StopRequest:
     """While entered, SIGTERM and SIGINT request a stop instead of ending the process; leaving
     restores the handlers there were. Signals are handled by the main thread only: entered from
@@ -38,15 +52,12 @@ class StopRequest:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+        self._previous = install_stop_handlers(self._handle)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        self._previous.clear()
+        restore_handlers(self._previous)
+        self._previous = {}
 
     def counts(self) -> tuple[int, int]:
         """(a stop is requested, it came by SIGTERM) as 0/1, summed over processes each step."""
