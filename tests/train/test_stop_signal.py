@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,6 +209,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     assert json.loads((folder / "progress.json").read_text())["step"] == last
     assert stderr.count("SIGTERM received") == 1
     assert process.returncode != 0 and "terminate called" not in stderr
-    assert stderr.count("exitcode  : 143") == 2, stderr[-3000:]  # torch elastic's report
+    # torch elastic's report: the first rank to exit reports 143; when the other is still leaving
+    # (its process group, the interpreter's exit) the launcher ends it with SIGTERM (-15). Both
+    # ranks saved before either left (the save's barrier), which the checkpoint above shows.
+    codes = re.findall(r"exitcode\s*: (-?\d+)", stderr)
+    assert codes and "143" in codes and set(codes) <= {"143", "-15"}, stderr[-3000:]
     assert f"stopped after step {last} by a signal" in stdout
     assert not (tmp_path / "run" / "drafter").exists()
