@@ -196,9 +196,11 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "", *_training_table(bench), "",
              _steps_note(bench) + "; tokens/s = real (unpadded) "
              "tokens trained per wall second over the run's steps (its held-out evaluations and "
-             "checkpoints included); train minutes = wall time of the "
-             "training process (loading and the held-out evaluation included, and any other load "
-             "on the machine). Held-out accuracy: top-1 agreement with the target at each draft "
+             "checkpoints included); train minutes = the run's own wall-clock budget "
+             "spent, from building the drafter to saving it, over all its processes (resumes and "
+             "the run it extends included), or for a drafter that does not record it the wall time "
+             "of its training processes (loading included); held-out evaluations and any other "
+             "load on the machine count. Held-out accuracy: top-1 agreement with the target at each draft "
              "position on conversations no drafter trained on.", ""]
     for t in bench["eval"]:
         title = "Greedy (temperature 0)" if float(t) == 0 else f"Sampling (temperature {t})"

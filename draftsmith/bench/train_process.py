@@ -18,8 +18,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.train import stop_signal
 
 
-def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log) -> float:
-    """Run `python -m draftsmith.train` on a recipe in its own process; returns wall seconds."""
+def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log) -> None:
+    """Run `python -m draftsmith.train` on a recipe in its own process."""
     from draftsmith.train.recipe import build_recipe
 
     build_recipe(raw)  # a bad override fails here, with the recipe's own error
@@ -27,7 +27,6 @@ def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log)
     recipe_path.write_text(f"# written by draftsmith bench from {config.path}\n"
                            + yaml.safe_dump(raw, sort_keys=False))
     log(f"$ {sys.executable} -m draftsmith.train --config {recipe_path}")
-    start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "draftsmith.train", "--config",
                                 str(recipe_path)],
                                env={**os.environ, **training_devices(config.compute_device())})
@@ -39,7 +38,6 @@ def run_training_process(config: BenchConfig, raw: dict, recipe_path: Path, log)
         raise
     if code != 0:
         raise DraftsmithError(training_failure(recipe_path, code))
-    return time.perf_counter() - start
 
 
 def training_failure(recipe_path: Path, code: int) -> str:

@@ -131,11 +131,14 @@ def _custom_template(recipe) -> str | None:
 
 def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, step: int,
                  eval_metrics: dict, out_dir: Path, lora_target=None,
-                 target_parameters_per_rank: list[int] | None = None) -> Path:
+                 target_parameters_per_rank: list[int] | None = None,
+                 train_seconds: float | None = None) -> Path:
     """Save the trained drafter's weights, whole (gathered on every rank when FSDP sharded them),
     and what is needed to rebuild and check it; with a LoRA-trained target (Medusa-2) its adapter
     goes to `lora/` (safetensors). `target_parameters_per_rank`: the frozen target's parameter
-    elements each process held (FSDP shards them), recorded in the metadata."""
+    elements each process held (FSDP shards them), recorded in the metadata; `train_seconds`: the
+    wall-clock budget's seconds spent over every process of the run (resumes and the run it
+    extends included), when it had one."""
     from draftsmith.registry import get_spec
 
     final = out_dir / "drafter"
@@ -151,6 +154,7 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
             "aux_layers": list(get_spec(recipe.kind).aux_layers(target_config.num_hidden_layers,
                                                                 config)),
             "training_steps": step,
+            "train_seconds": train_seconds,
             "num_processes": accelerator.num_processes,
             "target_parameters_per_rank": target_parameters_per_rank,
             "lora": lora_target is not None,

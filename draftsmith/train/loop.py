@@ -274,14 +274,14 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     final_eval = evaluate(model, data.eval_batches(), accelerator)
     log.write({"step": step, **final_eval})
     unwrapped = accelerator.unwrap_model(model)
+    spent = None if cfg.max_minutes is None else time.perf_counter() - start + (
+        planner.spent_before if planner else budget.get("spent_seconds", 0.0))
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
                         out_dir, lora_target=unwrapped.target if joint else None,
-                        target_parameters_per_rank=held)
-    if cfg.max_minutes is not None:
-        spent = (planner.spent_before if planner else budget.get("spent_seconds", 0.0)) + \
-            time.perf_counter() - start
+                        target_parameters_per_rank=held, train_seconds=spent)
+    if spent is not None:
         accelerator.print(budget_line("train.max_minutes", spent, cfg.max_minutes)
-                          + f", {step} steps, from building the drafter to the saved drafter")
+                          + f", {step} steps, from building the drafter to saving it")
     accelerator.end_training()
     leave_process_group(finished=True)  # several CPU processes end here, their models still held
     return path

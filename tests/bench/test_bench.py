@@ -5,6 +5,7 @@ plots), plus the config checks and the report's arithmetic."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,8 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     budget = json.loads((run / "train/eagle1/budget.json").read_text())
     assert budget["features"] == "offline" and budget["calibrated_seconds_per_step"] > 0
     assert (run / "train/eagle1/drafter/model.safetensors").is_file()
+    meta = json.loads((run / "train/eagle1/drafter/draftsmith_drafter.json").read_text())
+    assert meta["train_seconds"] > 0 and budget["train_minutes"] == meta["train_seconds"] / 60
     recipe = yaml.safe_load((run / "recipes/eagle1.yaml").read_text())
     assert recipe["data"]["out_dir"] == str(run / "data")
     # the run's own planner sizes it within the budget (the calibration's 3 steps only bound it)
@@ -105,6 +108,23 @@ def test_bench_end_to_end_writes_benchmarks_md(tmp_path, monkeypatch, capsys):
     md = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Verify cost on another machine: AMD EPYC (avx2, fma; no native bf16)" in md
     assert "| EAGLE-2 |" in md  # the report-only run still has every table
+
+
+def test_a_stopped_training_s_minutes_are_counted(tmp_path, monkeypatch):
+    """A training process stopped (a signal, a crash) spent its minutes too: the next attempt's
+    record adds them (a drafter without its own budget clock reports the attempts' sum)."""
+    from draftsmith.bench import run as bench_run
+
+    def stopped(*args):
+        time.sleep(0.05)
+        raise DraftsmithError("training was stopped by SIGTERM and saved a checkpoint")
+
+    monkeypatch.setattr(bench_run, "run_training_process", stopped)
+    config = load_bench_config(write_configs(tmp_path))
+    with pytest.raises(DraftsmithError, match="stopped by SIGTERM"):
+        bench_run._train_and_record(config, config.kind("eagle1"), {}, 1.0, 1.0, print)
+    attempts = json.loads((tmp_path / "run/train/eagle1/attempts.json").read_text())
+    assert len(attempts) == 1 and attempts[0] >= 0.05
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
