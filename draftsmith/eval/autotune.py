@@ -4,10 +4,14 @@ tokens/s on this machine, for this target and this drafter.
 Two measurements on the current hardware:
   * the target's verify cost T(n) for n new tokens on a cached context (it grows slowly with n
     while the forward is bound by reading weights, then faster once compute dominates);
-  * the drafter's own confidences on calibration prompts: with the deepest, largest tree, each
-    step's nodes sorted by cumulative draft probability give E[tau](d, n) = 1 + sum of the n best
-    path probabilities among nodes at depth <= d (EAGLE-2's assumption that draft confidence
-    tracks acceptance), and the drafting time per depth.
+  * the calibration prompts decoded with the deepest, largest tree: each step's nodes sorted by
+    cumulative draft probability, and the drafting time per depth. The tree of depth d and n
+    tokens holds the n best nodes at depth <= d (EAGLE-2's reranking), so in greedy decoding the
+    tokens it would have accepted are the accepted path's nodes it holds, up to the first it lacks
+    (the target's choice at each node does not depend on the other nodes): E[tau](d, n) = 1 +
+    their mean over the steps. Sampled acceptance is random, so there E[tau](d, n) = 1 + the mean
+    sum of the n best path probabilities (EAGLE-2's assumption that draft confidence tracks
+    acceptance; on SmolLM2 at temperature 0 it fell 0.15-0.3 below the tau decoded).
 The chosen (d, n) maximises E[tau](d, n) / (T(n + 1) + d * T_depth). On a CPU, where a drafter
 forward is a sizeable share of a small target's forward, this picks shallow, narrow trees for a
 weak drafter and deeper ones as it improves.
@@ -57,7 +61,8 @@ def measure_verify_cost(runner: CausalLMRunner, sizes: list[int], context_len: i
 
 
 class _ScoreRecorder:
-    """Wraps a proposer and keeps each step's node path probabilities, best first."""
+    """Wraps a proposer and keeps each drafted step's nodes, best first by path probability (as
+    (probability, depth, node index)), and the nodes the target accepted."""
 
     def __init__(self, inner: Proposer):
         self.inner = inner
@@ -66,20 +71,41 @@ class _ScoreRecorder:
             if hasattr(proposer, "record_scores"):
                 proposer.record_scores = True
         self.name = inner.name
-        self.steps: list[list[float]] = []
+        self.steps: list[list[tuple[float, int, int]]] = []
+        self.accepted: list[list[int]] = []
+        self._scored = False
 
     def reset(self, context, target_out):
         self.inner.reset(context, target_out)
 
     def propose(self, root, max_depth):
         tree = self.inner.propose(root, max_depth)
-        if tree.scores is not None:
+        self._scored = tree.scores is not None  # a hybrid's prompt-lookup step has no scores
+        if self._scored:
             self.steps.append(sorted(zip(tree.scores[1:].exp().tolist(),
-                                         tree.depths[1:].tolist(), strict=True), reverse=True))
+                                         tree.depths[1:].tolist(),
+                                         range(1, len(tree.tokens)), strict=True), reverse=True))
         return tree
 
     def observe(self, path_tokens, target_out, path):
+        if self._scored:
+            self.accepted.append(list(path[1:]))
         self.inner.observe(path_tokens, target_out, path)
+
+    def expected_tau(self, depth: int, size: int, greedy: bool) -> float:
+        """E[tau] of the tree holding each step's `size` best nodes at depth <= `depth`."""
+        def kept(nodes):
+            return [node for node in nodes if node[1] <= depth][:size]
+
+        if not greedy:
+            return 1 + statistics.fmean(sum(p for p, _, _ in kept(nodes)) for nodes in self.steps)
+
+        def accepted(nodes, path):
+            held = {index for _, _, index in kept(nodes)}
+            return next((i for i, node in enumerate(path) if node not in held), len(path))
+
+        return 1 + statistics.fmean(accepted(nodes, path)
+                                    for nodes, path in zip(self.steps, self.accepted, strict=True))
 
 
 @dataclass
@@ -151,13 +177,11 @@ def autotune_tree(
     t_step = draft_seconds / max(len(recorder.steps), 1)
     t_depth = t_step / deepest
     tau, speed = {}, {}
+    greedy = sampling is None or sampling.greedy
     for d in depths:
         for n in priced[d]:
             key = f"{d},{n}"
-            # nodes are sorted best first: the n best at depth <= d
-            tau[key] = 1 + statistics.fmean(
-                sum([p for p, depth in nodes if depth <= d][:priced[d][n]])
-                for nodes in recorder.steps)
+            tau[key] = recorder.expected_tau(d, priced[d][n], greedy)
             drafting = t_step if draft_per_step else d * t_depth
             speed[key] = tau[key] / (verify[priced[d][n] + 1] + drafting)
     best = max(speed, key=speed.get)

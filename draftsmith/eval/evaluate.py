@@ -57,6 +57,8 @@ from draftsmith.provenance import git_commit
 from draftsmith.registry import get_spec
 from draftsmith.target import load_target
 
+CALIBRATION_PROMPTS = 4  # the tree autotuner's, spread over the prompt sets
+
 
 def _is_block(method: str, drafters: dict) -> bool:
     """A method decoded by a block drafter (DFlash, DSpark)."""
@@ -94,7 +96,8 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
     cfg = runner.config
     calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
                                runner.chat_template)
-                   for p in prompts[:2]]
+                   for p in prompts[::max(len(prompts) // CALIBRATION_PROMPTS, 1)][
+                       :CALIBRATION_PROMPTS]]  # spread over the sets
     drafter, model = runner.drafters.get(split_method(method)[1], (None, runner.target.model))
     block = _is_block(method, runner.drafters)
 

@@ -1,8 +1,10 @@
 """Tree budget auto-tuning on a tiny target: measured costs, expected tau, a choice among sizes."""
 
 from draftsmith.decoding.proposers.draft_model import DraftModelTreeProposer
+from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.eval.autotune import autotune_tree, measure_verify_cost
 from tests.helpers.tiny_targets import tiny_target
 
@@ -30,9 +32,31 @@ def test_autotune_picks_depth_and_size_and_expected_tau_grows_with_both():
         taus = [budget.expected_tau[f"{d},{n}"] for d in depths]
         assert taus == sorted(taus)
     assert budget.expected_tau["1,8"] <= 1 + 2, "depth 1 holds at most topk=2 nodes"
+    # greedy, the target drafting for itself: its best first token is always the one accepted
+    assert budget.expected_tau["1,2"] == 2.0
     best = max(budget.expected_tokens_per_second, key=budget.expected_tokens_per_second.get)
     assert best == f"{budget.depth},{budget.total_tokens}"
     assert budget.draft_seconds_per_depth > 0
+
+
+def test_greedy_expected_tau_counts_the_accepted_path_a_smaller_tree_holds():
+    """Greedy: the tokens a tree of depth d and n tokens would have accepted are the accepted
+    path's nodes among its n best at depth <= d, up to the first it lacks; sampling weighs the
+    path probabilities instead."""
+    from draftsmith.eval.autotune import _ScoreRecorder
+
+    recorder = _ScoreRecorder(PromptLookupProposer(4, 2))
+    # node (probability, depth, index): 1 and 2 at depth 1, 3 under 1 and 4 under 2 at depth 2
+    recorder.steps = [[(0.9, 1, 1), (0.5, 2, 3), (0.3, 1, 2), (0.2, 2, 4)],
+                      [(0.6, 1, 2), (0.4, 1, 1), (0.3, 2, 4), (0.1, 2, 3)]]
+    recorder.accepted = [[1, 3], []]  # the second step accepted nothing
+    assert recorder.expected_tau(1, 1, greedy=True) == 1 + (1 + 0) / 2
+    assert recorder.expected_tau(2, 2, greedy=True) == 1 + (2 + 0) / 2
+    assert recorder.expected_tau(2, 1, greedy=True) == 1 + (1 + 0) / 2
+    recorder.accepted = [[1, 3], [1]]  # node 1 is the second step's second best
+    assert recorder.expected_tau(2, 1, greedy=True) == 1 + (1 + 0) / 2
+    assert recorder.expected_tau(1, 2, greedy=True) == 1 + (1 + 1) / 2
+    assert recorder.expected_tau(2, 2, greedy=False) == 1 + (1.4 + 1.0) / 2
 
 
 def test_budgets_beyond_a_trees_capacity_are_priced_at_its_capacity():
@@ -65,9 +89,11 @@ def test_a_block_drafter_is_tuned_by_length_at_one_forward_per_step():
         return made[-1]
 
     depths = (1, 2, 3, 4)
+    # sampled: a random drafter's tokens are never the target's greedy choice, but its path
+    # probabilities are its expected acceptance (greedy counts what was accepted: tested above)
     budget = autotune_tree(CausalLMRunner(target, output_hidden_states=True), make,
                            [list(range(5, 25))], depths=depths, max_new_tokens=8,
-                           draft_per_step=True, chain=True)
+                           draft_per_step=True, chain=True, sampling=SamplingConfig(1.0))
     assert made[0].record_scores  # the chain scored its nodes for the autotuner
     assert set(budget.expected_tau) == {f"{d},{d}" for d in depths}  # a chain's size is its length
     taus = [budget.expected_tau[f"{d},{d}"] for d in depths]
@@ -94,7 +120,7 @@ def test_a_hybrid_of_a_block_drafter_scores_its_drafted_chains():
 
     budget = autotune_tree(CausalLMRunner(target, output_hidden_states=True), make,
                            [list(range(5, 25))], depths=(1, 2, 3), max_new_tokens=8,
-                           draft_per_step=True, chain=True)
+                           draft_per_step=True, chain=True, sampling=SamplingConfig(1.0))
     assert budget.depth in (1, 2, 3) and budget.expected_tau[f"{budget.depth},{budget.depth}"] > 1
 
 

@@ -109,6 +109,27 @@ def test_eval_runs_several_named_drafters_in_one_run(tmp_path):
     assert payload["tree_budgets"] == {}
 
 
+def test_eval_cli_sizes_the_tree_for_this_machine(tmp_path):
+    """--tree-total-tokens auto: the autotuner decodes calibration prompts from every set, and
+    the run decodes with the depth and size it chose (greedy: from the accepted paths)."""
+    require_offline_model(NAME)
+    target = load_target(NAME, dtype="float32").model
+    eagle = write_checkpoint(tmp_path / "eagle1", "eagle1", build_drafter("eagle1", target),
+                             target)
+    code = main(["eval", "--target", NAME, "--dtype", "float32", "--bench", "gsm8k,humaneval",
+                 "--limit", "2", "--max-new-tokens", "8", "--methods", "plain,drafter_dynamic@e1",
+                 "--drafter", f"e1={eagle}", "--tree-total-tokens", "auto",
+                 "--out", str(tmp_path / "ev")])
+    assert code == 0
+    payload = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    budget = payload["tree_budgets"]["drafter_dynamic@e1"]
+    chosen = f"{budget['depth']},{budget['total_tokens']}"
+    assert chosen == max(budget["expected_tokens_per_second"],
+                         key=budget["expected_tokens_per_second"].get)
+    assert budget["expected_tau"][chosen] >= 1.0
+    assert payload["summary"]["all"]["drafter_dynamic@e1"]["identical_to_plain"] == 1.0
+
+
 def test_eval_cli_names_a_missing_drafter_label(capsys):
     assert main(["eval", "--methods", "plain,drafter@nope", "--drafter", "e1=somewhere"]) == 2
     err = capsys.readouterr().err
