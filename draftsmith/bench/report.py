@@ -198,7 +198,8 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "tokens trained per wall second over the run's steps (its held-out evaluations and "
              "checkpoints included); train minutes = the run's own wall-clock budget "
              "spent, from building the drafter to saving it, over all its processes (resumes and "
-             "the run it extends included), or for a drafter that does not record it the wall time "
+             "the run it extends included; a crashed process's steps after its last checkpoint, "
+             "trained again, count once), or for a drafter that does not record it the wall time "
              "of its training processes (loading included); held-out evaluations and any other "
              "load on the machine count. Held-out accuracy: top-1 agreement with the target at each draft "
              "position on conversations no drafter trained on.", ""]

@@ -214,9 +214,10 @@ def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step
 
 
 def _train_seconds(folder: Path, attempts: list[float]) -> float:
-    """A drafter's training minutes: its run's own budget clock (every process, stopped ones and
-    the run it extends included) where the drafter records it, else the training processes' wall
-    seconds this benchmark timed."""
+    """A drafter's training seconds: its run's own budget clock (every process, stopped ones and
+    the run it extends included; a crashed process's steps after its last checkpoint count once,
+    as trained again) where the drafter records it, else the training processes' wall seconds
+    this benchmark timed."""
     meta = json.loads((folder / "drafter" / "draftsmith_drafter.json").read_text())
     return meta.get("train_seconds") or sum(attempts)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +60,9 @@ def measure_verify_cost(runner: CausalLMRunner, sizes: list[int], context_len: i
     return costs
 
 
+CALIBRATION_TREE = 128  # the most draft nodes the calibration's tree holds (prompts_fit.py)
+
+
 class _ScoreRecorder:
     """Wraps a proposer and keeps each drafted step's nodes, best first by path probability (as
     (probability, depth, node index)), and the nodes the target accepted."""
@@ -81,10 +84,11 @@ class _ScoreRecorder:
     def propose(self, root, max_depth):
         tree = self.inner.propose(root, max_depth)
         self._scored = tree.scores is not None  # a hybrid's prompt-lookup step has no scores
-        if self._scored:
+        if self._scored:  # best first; a tie keeps the earlier (shallower) node, as the tree does
             self.steps.append(sorted(zip(tree.scores[1:].exp().tolist(),
                                          tree.depths[1:].tolist(),
-                                         range(1, len(tree.tokens)), strict=True), reverse=True))
+                                         range(1, len(tree.tokens)), strict=True),
+                                     key=lambda node: (-node[0], node[2])))
         return tree
 
     def observe(self, path_tokens, target_out, path):
@@ -120,6 +124,7 @@ class TreeBudget:
     draft_seconds_per_depth: float
     expected_tokens_per_second: dict[str, float]
     draft_seconds_per_step: float = 0.0
+    calibration_prompts: list[str] = field(default_factory=list)  # "set/item", as the eval names
 
 
 def autotune_tree(
@@ -159,7 +164,12 @@ def autotune_tree(
     if topk:
         sizes = tuple(sorted({*sizes, topk}))
     deepest = max(depths)
-    recorder = _ScoreRecorder(make_proposer(deepest, max(sizes)))
+    # the deepest tree whole (up to CALIBRATION_TREE nodes), so that every smaller tree's n best
+    # nodes at depth <= d are among those drafted (past the cap a shallow tree's estimate counts
+    # only the nodes the cap held: a lower bound)
+    calibration = max(sizes) if chain else \
+        max(max(sizes), min(tree_capacity(deepest, topk), CALIBRATION_TREE))
+    recorder = _ScoreRecorder(make_proposer(deepest, calibration))
     draft_seconds = 0.0
     for prompt in prompts:  # also warms the target's shapes up before its costs are timed
         result = generate(runner, recorder, prompt, max_new_tokens, sampling=sampling)

@@ -94,10 +94,10 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
     Returns:
         (the autotuner's choice and curves, the method's settings with it)."""
     cfg = runner.config
+    count = min(CALIBRATION_PROMPTS, len(prompts))  # spread over the sets
+    chosen = [prompts[i * len(prompts) // count] for i in range(count)]
     calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
-                               runner.chat_template)
-                   for p in prompts[::max(len(prompts) // CALIBRATION_PROMPTS, 1)][
-                       :CALIBRATION_PROMPTS]]  # spread over the sets
+                               runner.chat_template) for p in chosen]
     drafter, model = runner.drafters.get(split_method(method)[1], (None, runner.target.model))
     block = _is_block(method, runner.drafters)
 
@@ -120,6 +120,7 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
                                sampling=cfg.sampling, **shape)
     except ValueError as err:
         raise DraftsmithError(f"--tree-total-tokens auto for {method}: {err}") from None
+    budget.calibration_prompts = [f"{p.set_name}/{p.item_id}" for p in chosen]
     best = f"{budget.depth},{budget.total_tokens}"
     drafting = f"{budget.draft_seconds_per_step * 1e3:.1f} ms per block" if block else \
         f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth"

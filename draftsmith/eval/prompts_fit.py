@@ -19,9 +19,10 @@ from pathlib import Path
 from draftsmith.chat import render_chat
 from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.autotune import CALIBRATION_TREE
 from draftsmith.eval.methods import ProposerSettings
 
-AUTOTUNE_LARGEST_TREE = 64  # the largest tree `--tree-total-tokens auto` measures (autotune.py)
+AUTOTUNE_LARGEST_TREE = CALIBRATION_TREE  # the largest tree `--tree-total-tokens auto` drafts
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 

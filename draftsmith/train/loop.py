@@ -114,7 +114,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
         print(f"{finished} is already trained by this recipe; delete it or set another "
               "train.output_dir to train again", file=sys.stderr)
         return finished
-    start = time.perf_counter()  # train.max_minutes counts from here to the saved drafter
+    start = time.perf_counter()  # train.max_minutes counts from here to saving the drafter
     accelerator = accelerator or make_accelerator(recipe)
     set_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
@@ -274,8 +274,9 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     final_eval = evaluate(model, data.eval_batches(), accelerator)
     log.write({"step": step, **final_eval})
     unwrapped = accelerator.unwrap_model(model)
-    spent = None if cfg.max_minutes is None else time.perf_counter() - start + (
-        planner.spent_before if planner else budget.get("spent_seconds", 0.0))
+    # the budget clock over every process of the run, where it ran with one from the start
+    spent = None if cfg.max_minutes is None or not (planner or "spent_seconds" in budget) else \
+        time.perf_counter() - start + (planner.spent_before if planner else budget["spent_seconds"])
     path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
                         out_dir, lora_target=unwrapped.target if joint else None,
                         target_parameters_per_rank=held, train_seconds=spent)

@@ -37,9 +37,9 @@ class TrainSection:
             it; loading the target and preparing the data are not counted): after its first few
             steps the loop plans the run's total steps (and so the LR schedule) from the pace
             measured here, at most max_steps, and revises it after every step from the padded
-            tokens per second of the last 16 steps, while the schedule can take a new total
-            (constant: always; wsd: until its decay starts; cosine: in the first half of the
-            run); each revision is a metrics.jsonl row and a printed line. A resumed run starts
+            tokens per second of the last 16 steps (or of the last 2% of the budget, when more),
+            while the schedule can take a new total (constant: always; wsd: until its decay
+            starts; cosine: in the first half of the run); each revision is a metrics.jsonl row and a printed line. A resumed run starts
             from the total its checkpoint recorded and counts the minutes spent before it; one
             resumed from a checkpoint where the schedule can still take a new total may set
             another max_minutes (the run extended or cut to it). None = steps only.

@@ -117,8 +117,8 @@ def test_eval_cli_sizes_the_tree_for_this_machine(tmp_path):
     eagle = write_checkpoint(tmp_path / "eagle1", "eagle1", build_drafter("eagle1", target),
                              target)
     code = main(["eval", "--target", NAME, "--dtype", "float32", "--bench", "gsm8k,humaneval",
-                 "--limit", "2", "--max-new-tokens", "8", "--methods", "plain,drafter_dynamic@e1",
-                 "--drafter", f"e1={eagle}", "--tree-total-tokens", "auto",
+                 "--limit", "3", "--max-new-tokens", "8", "--methods", "plain,drafter_dynamic@e1",
+                 "--drafter", f"e1={eagle}", "--tree-topk", "3", "--tree-total-tokens", "auto",
                  "--out", str(tmp_path / "ev")])
     assert code == 0
     payload = json.loads((tmp_path / "ev" / "eval.json").read_text())
@@ -127,6 +127,9 @@ def test_eval_cli_sizes_the_tree_for_this_machine(tmp_path):
     assert chosen == max(budget["expected_tokens_per_second"],
                          key=budget["expected_tokens_per_second"].get)
     assert budget["expected_tau"][chosen] >= 1.0
+    calibrated = budget["calibration_prompts"]
+    assert len(calibrated) == 4 and {name.split("/")[0] for name in calibrated} == {
+        "gsm8k", "humaneval"}, calibrated  # 4 of the 6 prompts, from both sets
     assert payload["summary"]["all"]["drafter_dynamic@e1"]["identical_to_plain"] == 1.0
 
 

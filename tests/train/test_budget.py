@@ -34,6 +34,21 @@ def test_the_pace_is_recent_padded_tokens_per_second_a_stall_left_out():
     assert planner.seconds_per_step() == pytest.approx((6 * 0.5 + 6 * 4.0) / 12)
 
 
+def test_a_long_run_measures_its_pace_over_its_last_minutes():
+    """A long budget's pace spans its last 2%: a burst of other work on the machine (23 slow
+    steps) among 261 is trimmed away, where 16 steps would have been all burst."""
+    budget = 400 * 60.0  # 2% = 480 s
+    steps = [(3.0, 100, False)] + [(1.5, 100, False)] * 400 + [(3.9, 100, False)] * 23
+    planner, _ = planner_after(steps, budget=budget, max_steps=100_000)
+    assert planner.window_seconds - planner.window[0][1] < 480 <= planner.window_seconds
+    assert len(planner.window) == 261 + 23  # 89.7 s of burst and 261 x 1.5 s: 481.2 s
+    assert planner.seconds_per_step() == pytest.approx(1.5)
+    short, _ = planner_after(steps, budget=60.0, max_steps=100_000)  # 2% = 1.2 s: 16 steps
+    assert len(short.window) == 16 and short.seconds_per_step() > 3.5
+    many, _ = planner_after([(0.01, 100, False)] * 3000, budget=budget, max_steps=100_000)
+    assert len(many.window) == 1024  # the window's ceiling
+
+
 def test_a_step_costs_the_mean_load_at_the_recent_pace_plus_pauses():
     # batches grow from 100 to 300 padded tokens at 200 tokens/s: the long-run load is their mean
     steps = [(1.0, 100, False)] + [(0.5, 100, False)] * 3 + [(1.5, 300, False)] * 4
