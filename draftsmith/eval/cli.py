@@ -76,8 +76,8 @@ def add_eval_parser(verbs) -> None:
     ev.add_argument("--tree-depth", type=positive_int_arg, default=6)
     ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",
                     help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
-                    "machine and the drafter's confidences and pick, per dynamic-tree method, the "
-                    "depth and size with the best expected tokens/s")
+                    "machine, decode 4 calibration prompts with the deepest tree and pick, per "
+                    "dynamic-tree method, the depth and size with the best expected tokens/s")
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
     ev.set_defaults(func=cmd_eval)
 
