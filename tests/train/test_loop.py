@@ -156,7 +156,7 @@ def test_max_minutes_sizes_the_run_to_the_measured_step_cost(tmp_path, monkeypat
     spent = [line for line in capsys.readouterr().out.splitlines()
              if line.startswith("train.max_minutes=0.2: 0:1")]
     assert len(spent) == 1 and "spent (" in spent[0] and f", {fast[1]} steps, from building the " \
-        "drafter to the saved drafter" in spent[0]
+        "drafter to saving it" in spent[0]
     slow = run(2.0, tmp_path / "slow")
     assert fast[0] == fast[1] and slow[0] == slow[1]
     assert slow[0] < fast[0] <= 40
