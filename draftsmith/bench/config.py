@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,6 +201,10 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
     for file in [config.data, *[k.recipe for k in entries], *[k.data for k in entries if k.data]]:
         if not Path(file).is_file():
             raise DraftsmithError(f"{path} refers to {file}, which does not exist")
+    if config.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", config.name):
+        raise DraftsmithError(f"{path}: name = {config.name!r} must be one plain file name "
+                              "(letters, digits, '.', '_', '-'): it names the benchmark's "
+                              "folder under benchmarks/, e.g. name: llama-8b-eagle3")
     if config.budget_minutes <= 0 or config.calibration_steps < 3:
         raise DraftsmithError(f"{path}: budget_minutes must be > 0 and calibration_steps >= 3")
     for entry in entries:

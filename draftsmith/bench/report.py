@@ -7,6 +7,7 @@ equally, as the bars are stated; every per-set number is in the eval.json next t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -258,9 +259,19 @@ KEPT_NOTE = ("*Kept from an earlier run* of the benchmark (its machine, date and
 
 
 def bench_name(config: dict) -> str:
-    """A benchmark's name in BENCHMARKS.md and under benchmarks/: its config's `name`, else its
-    target's (`smollm2-135m-scaling` names the data-scaling one)."""
-    return config.get("name") or config["target"]
+    """A benchmark's name in BENCHMARKS.md and its one folder under benchmarks/: its config's
+    `name` (`smollm2-135m-scaling` names the data-scaling one), else one derived from its target
+    that never leads out of benchmarks/: a local folder or a Hub id becomes one path component
+    (`/models/llama-8b` -> `models--llama-8b`, `Qwen/Qwen3-8B` -> `Qwen--Qwen3-8B`)."""
+    return config.get("name") or target_slug(str(config["target"]))
+
+
+def target_slug(target: str) -> str:
+    """`target` as one safe file name: separators become `--`, anything but letters, digits,
+    `.`, `_` and `-` becomes `-`, and no leading dot (so never `.` or `..`)."""
+    parts = [p for p in re.split(r"[\\/]+", target) if p not in ("", ".", "..", "~")]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", "--".join(parts)).lstrip(".-")
+    return slug or "target"
 
 
 def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:

@@ -123,3 +123,38 @@ def test_eval_prompts_that_cannot_fit_are_refused_before_the_data_stage(tmp_path
     assert_refused(result, "longer than the target's context of 512 tokens",
                    "eval.max_new_tokens 600 per turn", "1 of 1 prompts of gsm8k")
     assert not (tmp_path / "run").exists(), "refused before the data stage wrote anything"
+
+
+def test_a_target_folder_never_receives_the_benchmark_s_results(tmp_path, monkeypatch):
+    """A bench whose target is an absolute local folder wrote its results into the model folder
+    and deleted a file there (`Path("benchmarks") / target` is the target itself): results go
+    under benchmarks/ in a folder named after the target, and the model folder is untouched."""
+    import json
+
+    from draftsmith.bench.report import bench_name, write_benchmarks
+
+    root = Path(__file__).resolve().parents[2]
+    model = tmp_path / "models" / "my-llama"
+    model.mkdir(parents=True)
+    (model / "eval_t0.json").write_text("{}")  # a file of the user's, named like a result
+    bench = json.loads((root / "benchmarks/qwen2.5-coder-1.5b-instruct/bench.json").read_text())
+    bench["config"] = {**bench["config"], "target": str(model), "name": None}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    write_benchmarks([(bench, run_dir)], work / "BENCHMARKS.md", work / "none.json", [])
+    assert sorted(p.name for p in model.iterdir()) == ["eval_t0.json"]
+    folder = work / "benchmarks" / bench_name(bench["config"])
+    assert folder.parent == work / "benchmarks" and (folder / "bench.json").is_file()
+    assert bench_name({"target": "/models/llama-8b"}) == "models--llama-8b"
+    assert bench_name({"target": "Qwen/Qwen3-8B"}) == "Qwen--Qwen3-8B"
+    assert bench_name({"target": "../../etc"}) == "etc"
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "/abs/folder", "a/b", ".hidden"])
+def test_a_bench_name_must_be_one_plain_folder_name(tmp_path, name):
+    path = write_config(tmp_path, {}, name=name)
+    assert_refused(run_cli(["bench", "--config", str(path), "--stages", "none"]),
+                   f"name = {name!r} must be one plain file name")
