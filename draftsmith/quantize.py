@@ -19,8 +19,9 @@ checks, not speed.
 `int8` is dynamic int8 quantization of the decoder's linear layers with torch's built-in
 `torch.ao.quantization.quantize_dynamic`: int8 weights per output channel, activations quantized
 per call with one scale over all of the call's rows, products through the fbgemm / x86 int8
-kernels. It was picked by measurement on a 2-core AVX2 EPYC (scripts/bench_quantized_target.py,
-benchmarks/quantized_target/): there it is the one int8 form faster than float32 for SmolLM2-135M.
+kernels. It was picked by measurement on a 2-core AVX2 EPYC
+(benchmarks/quantized_target/bench_quantized_target.py): there it is the one int8 form faster
+than float32 for SmolLM2-135M.
 Its price: on SmolLM2-135M its greedy choice agreed with float32's at only 38% of teacher-forced
 prompt positions (weight-only: 96%), and it is not exactly lossless even with respect to
 itself: the shared activation scale makes an n-token verify differ from one-token decoding (the

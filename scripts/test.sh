@@ -14,7 +14,7 @@ if ! .venv/bin/python -c "import speculators" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet openai aiohttp httpx pydantic pydantic-settings loguru \
     rich typer click psutil
 fi
-.venv/bin/ruff check draftsmith tests scripts
+.venv/bin/ruff check draftsmith tests scripts benchmarks
 # the machine and the time of each phase, so a slow run's log says where its time went
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs || true)
 isa=$(grep -o -E 'avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | xargs || true)

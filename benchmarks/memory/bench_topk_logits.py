@@ -3,7 +3,7 @@ recompute an offline EAGLE-3 step does (the target's head over the draft vocabul
 positions, `Features.restricted`) against the whole step (forward + backward), SmolLM2-135M
 shapes, bf16 autocast, and prints the bytes per token top-k logits would add.
 
-    python scripts/bench_topk_logits.py   # writes benchmarks/memory/topk_logits.json
+    python benchmarks/memory/bench_topk_logits.py   # writes benchmarks/memory/topk_logits.json
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ peak RSS of offline training from a ~100K- and a ~1M-token cache, and peak memor
 one EAGLE-3 step (forward + backward) at 384 and 2048 tokens, for the code at a "before" commit
 and at this tree, alternated run by run in fresh processes.
 
-    python scripts/bench_memory.py --cache runs/bench29/bf16/cache \\
+    python benchmarks/memory/bench_memory.py --cache runs/bench29/bf16/cache \\
         --vocab runs/bench29/bf16/draft_vocab.safetensors --parts step   # -> --out FILE.json
 
 The 100K cache is a real one (SmolLM2-135M-Instruct on ShareGPT first exchanges, `draftsmith data
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: benchmarks/memory/)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

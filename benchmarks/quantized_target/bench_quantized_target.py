@@ -9,7 +9,8 @@ installed (`pip install torchao`; not a draftsmith dependency), torchao's eager 
 form (its dynamic-activation form was several times slower than float32 in a first probe here,
 so it is left out: one 16-token forward took seconds).
 Writes benchmarks/quantized_target/<target>.json. Usage:
-    .venv/bin/python scripts/bench_quantized_target.py [--target smollm2-135m-instruct]
+    .venv/bin/python benchmarks/quantized_target/bench_quantized_target.py \
+        [--target smollm2-135m-instruct]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ evaluation (its prompt sets, limit, tokens and dynamic tree): tau and speedup. A
 JSON file (a benchmark, not a test; run it on an otherwise idle machine: the arms share its
 clock).
 
-    .venv/bin/python scripts/bench_ablation.py --minutes 7 \
+    .venv/bin/python benchmarks/ablation/bench_ablation.py --minutes 7 \
         --out benchmarks/ablation/smollm2-135m-eagle3.json [--arms baseline,muon] [--eval-best 2] \
         [--data-override data.limit=64 ...] [section.key=value ...]
 

@@ -6,10 +6,10 @@
 # tokens, greedy, trees autotuned on this machine). Writes benchmarks/budget/smollm2-eagle3-xK/
 # (eval.json, plots, the recipe and the training's metrics). A benchmark, not a test.
 # Needs the SmolLM2 benchmark's data and EAGLE-3 drafter: bash scripts/bench.sh first.
-# Usage: bash scripts/bench_budget.sh [K]   (default 2: ~18 minutes of training on 2 cores, then
-# ~10 minutes of evaluation)
+# Usage: bash benchmarks/budget/bench_budget.sh [K]   (default 2: ~18 minutes of training on 2
+# cores, then ~10 minutes of evaluation)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 factor="${1:-2}"
 bench=runs/bench/smollm2-135m-instruct
 short="$bench/train/eagle3"
@@ -31,7 +31,7 @@ train = recipe["train"]
 for key in ("max_steps", "warmup_steps", "eval_every", "save_every"):
     train[key] = int(train[key]) * factor
 train["output_dir"] = output_dir
-open(dest, "w").write(f"# {source} with {factor}x its steps (scripts/bench_budget.sh)\n"
+open(dest, "w").write(f"# {source} with {factor}x its steps (benchmarks/budget/bench_budget.sh)\n"
                       + yaml.safe_dump(recipe, sort_keys=False))
 EOF
 if [[ ! -f "$long/drafter/model.safetensors" ]]; then  # an interrupted run resumes

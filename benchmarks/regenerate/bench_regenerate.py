@@ -11,8 +11,9 @@ the in-process target's (its kernels and weights format differ: llama.cpp runs t
 natively, transformers its float32 dequantization): identical answers and the mean matching
 prefix, written to a JSON file (a benchmark, not a test).
 
-    .venv/bin/python scripts/bench_regenerate.py --conversations 64 --max-new-tokens 128 \
-        --batch-size 16 --concurrency 8,16 --out benchmarks/regenerate/smollm2-135m.json
+    .venv/bin/python benchmarks/regenerate/bench_regenerate.py --conversations 64 \
+        --max-new-tokens 128 --batch-size 16 --concurrency 8,16 \
+        --out benchmarks/regenerate/smollm2-135m.json
 """
 
 from __future__ import annotations

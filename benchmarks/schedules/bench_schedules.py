@@ -2,8 +2,9 @@
 `cosine`, `wsd` and `constant` for the same steps, held-out accuracy per draft position and
 simulated tau compared, written to a JSON file (a benchmark, not a test).
 
-    .venv/bin/python scripts/bench_schedules.py --recipe recipes/smollm2-135m/quickstart.yaml \
-        --steps 80 --out benchmarks/schedules/quickstart-eagle3.json [section.key=value ...]
+    .venv/bin/python benchmarks/schedules/bench_schedules.py \
+        --recipe recipes/smollm2-135m/quickstart.yaml --steps 80 \
+        --out benchmarks/schedules/quickstart-eagle3.json [section.key=value ...]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Where a block drafter's draft time goes inside the decoding loop, part by part, on this machine:
 a benchmark (not a test) written to a JSON file.
 
-    .venv/bin/python scripts/bench_draft_parts.py --drafter runs/abl/train/block4l1/drafter \
-        --out benchmarks/draft_cost/parts-NAME.json
+    .venv/bin/python benchmarks/draft_cost/bench_draft_parts.py \
+        --drafter runs/abl/train/block4l1/drafter --out benchmarks/draft_cost/parts-NAME.json
 
 A trained DFlash or DSpark drafter decodes the first turns of GSM8K and MT-bench prompts through
 `draftsmith.decoding.generate` (the loop the evaluation times) as a chain and as a best-first tree;

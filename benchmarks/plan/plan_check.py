@@ -2,7 +2,7 @@
 process, so that loading the source does not count), train the recipe in a fresh process that
 reports its peak RSS, and write the plan's CPU figure beside it.
 
-    python scripts/plan_check.py RECIPE [section.key=value ...] [--out FILE.json]
+    python benchmarks/plan/plan_check.py RECIPE [section.key=value ...] [--out FILE.json]
 """
 
 from __future__ import annotations

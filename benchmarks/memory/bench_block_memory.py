@@ -4,13 +4,13 @@ chunked training attention (each chunk's scores at most `CHUNK_SCORES` elements)
 comparison, with every block in one chunk (the dense (blocks x context) scores a mask-based
 attention materialises per layer).
 
-    python scripts/bench_block_memory.py                # -> benchmarks/memory/block_drafters.json
+    python benchmarks/memory/bench_block_memory.py     # -> benchmarks/memory/block_drafters.json
 
 The step uses SmolLM2-135M's shapes (its config), the reference DFlash drafter (block 16, 5 layers,
 layer ids [1, 8, 14, 20, 27]) or DSpark (block 7), random hidden states of the fused layers and a
 random head of the target's size: memory and time depend on shapes only. Each measurement runs in
 its own process (`--worker`); its peak is sampled from /proc/self/statm every 2 ms (PeakSampler of
-scripts/bench_memory.py), above the process's RSS before the step.
+benchmarks/memory/bench_memory.py), above the process's RSS before the step.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: benchmarks/memory/)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_memory import PeakSampler, rss_bytes  # noqa: E402  (a sibling script)
 
@@ -135,7 +135,7 @@ def main() -> None:
                     rows.append(row)
     write_json(Path(args.out), {
         "what": __doc__.split("\n\n")[0], "dtype": args.dtype, "hardware": hardware_record(),
-        "command": "python scripts/bench_block_memory.py", "rows": rows})
+        "command": "python benchmarks/memory/bench_block_memory.py", "rows": rows})
     print(f"wrote {args.out}")
 
 

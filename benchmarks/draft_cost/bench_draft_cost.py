@@ -1,7 +1,7 @@
 """What one round of drafting costs in the decoding loop, per method and tree, on this machine: a
 benchmark (not a test) written to a JSON file.
 
-    .venv/bin/python scripts/bench_draft_cost.py --out benchmarks/draft_cost/NAME.json
+    .venv/bin/python benchmarks/draft_cost/bench_draft_cost.py --out benchmarks/draft_cost/NAME.json
 
 Every case decodes the same prompts (first turns of MT-bench, HumanEval and GSM8K) through
 `draftsmith.decoding.generate`, the loop the evaluation times, with a drafter of the benchmark's
@@ -118,7 +118,7 @@ def main() -> None:
                      "rounds_per_pass": runs[0]["rounds"], "passes": runs})
     write_json(args.out, {
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
-        "command": "python scripts/bench_draft_cost.py " + " ".join(
+        "command": "python benchmarks/draft_cost/bench_draft_cost.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
         "hardware": describe_hardware(hardware_record("cpu")), "dtype": str(target.model.dtype),
         "commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

@@ -2,17 +2,18 @@
 benchmark, not a test).
 
     # seconds per optimizer step and trained tokens/s of the recipe's kind
-    .venv/bin/python scripts/bench_train_step.py --recipe recipes/smollm2-135m/quickstart.yaml \
-        --steps 6 --out benchmarks/train_step/eagle3.json
+    .venv/bin/python benchmarks/train_step/bench_train_step.py \
+        --recipe recipes/smollm2-135m/quickstart.yaml --steps 6 \
+        --out benchmarks/train_step/eagle3.json
     # EAGLE-3: the teacher gathered once per batch (draft-vocab slice and argmax of the trained
     # rows) against once per training-time-test step, alternated on the same batches
-    .venv/bin/python scripts/bench_train_step.py --compare-teacher \
+    .venv/bin/python benchmarks/train_step/bench_train_step.py --compare-teacher \
         --out benchmarks/train_step/eagle3_teacher.json
 
     # EAGLE-3 full training steps (loss, backward, AdamW) of the loss code at git revisions
     # against the working tree's, each from the same start on the same batches, alternated,
     # min over rounds per batch; records whether every loss agrees
-    .venv/bin/python scripts/bench_train_step.py --compare-revisions \
+    .venv/bin/python benchmarks/train_step/bench_train_step.py --compare-revisions \
         --out benchmarks/train_step/eagle3_packed_rows.json
 
 Needs the recipe's data prepared with a hidden-state cache (e.g. by `bash scripts/quickstart.sh`).

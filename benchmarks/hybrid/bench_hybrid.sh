@@ -6,9 +6,10 @@
 # with its own plain decoding, so every speedup is measured in its own run). Writes
 # benchmarks/hybrid/<cpu>/min-ngram-N/ (eval.json, plots). A benchmark, not a test.
 # Needs the quickstart's drafter: bash scripts/quickstart.sh first.
-# Usage: bash scripts/bench_hybrid.sh [N ...]   (default: 2 3; ~10 minutes per N on 2 cores)
+# Usage: bash benchmarks/hybrid/bench_hybrid.sh [N ...]   (default: 2 3; ~10 minutes per N on 2
+# cores)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 drafter=runs/quickstart/export
 if [[ ! -f "$drafter/config.json" ]]; then
   echo "error: $drafter is missing: run the quickstart first (bash scripts/quickstart.sh)" >&2

@@ -3,7 +3,8 @@ as a chain and as an EAGLE-2 dynamic tree) against the bound tau * T(1-token ste
 T(draft)); the rest of a step is the loop's own bookkeeping.
 
 Writes benchmarks/overhead.json and prints one line per method. Usage:
-    .venv/bin/python scripts/bench_overhead.py [--target smollm2-135m-instruct] [--dtype auto]
+    .venv/bin/python benchmarks/overhead/bench_overhead.py [--target smollm2-135m-instruct] \
+        [--dtype auto]
 """
 
 from __future__ import annotations
