@@ -29,6 +29,7 @@ from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_i
 from draftsmith.models.features import Features, hidden_indices
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
+from draftsmith.models.target_support import HEAD_FIELDS, LAYER_FIELDS, check_target_supported
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class DrafterSpec:
         unserved_by: (config) -> engine -> why that engine cannot serve a drafter with these
             settings although it serves the kind (EAGLE-3.1 in llama.cpp); export to GGUF and
             serve-check refuse with that message.
+        target_fields: the target config fields its module reads when built (a target whose
+            config lacks one, GPT-2's intermediate_size, is refused by `check_target`).
     """
 
     kind: str
@@ -81,6 +84,7 @@ class DrafterSpec:
     reads_aux_layers: bool = False
     engine_methods: dict[str, str] = field(default_factory=dict)
     unserved_by: Callable[[object], dict[str, str]] = lambda config: {}
+    target_fields: tuple[str, ...] = LAYER_FIELDS
 
     @property
     def default_tree(self) -> str:
@@ -95,6 +99,13 @@ class DrafterSpec:
         """
         config = config if config is not None else self.make_config()
         return hidden_indices(num_layers, self.aux_layers(num_layers, config))
+
+    def check_target(self, model, target: str = "the target") -> None:
+        """Refuse a target (a loaded causal LM, or only its config) this kind cannot be built for
+        or read hidden states of, naming the supported architectures (models/target_support.py)."""
+        config = getattr(model, "config", model)
+        decoder = model.get_decoder() if isinstance(model, nn.Module) else None
+        check_target_supported(self.title, self.target_fields, config, decoder, target)
 
     def make_config(self, values: dict | None = None):
         """Build the config dataclass from a dict; unknown keys are an error listing valid ones."""
@@ -138,6 +149,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             tree_shapes=("static", "chain"),
             frozen_prefixes=("lm_head.",),  # shared_head: the target's output layer
             trains_target=lambda cfg: bool(cfg.lora),
+            target_fields=HEAD_FIELDS,
         ),
         DrafterSpec(
             kind="eagle1",

@@ -43,6 +43,7 @@ from draftsmith.data.shards import budget_line, check_run_target, read_manifest,
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import read_json_dict, write_atomic, write_json
+from draftsmith.registry import get_spec
 
 
 def _throughput(manifest: dict, tokens_key: str) -> dict:
@@ -140,6 +141,8 @@ def _run_steps(recipe: DataRecipe, stop_after_shards: int | None, progress: bool
     if target is None:
         target = recipe.target.load(device=ranks.device)
     model, tokenizer = target.model, target.tokenizer
+    for kind in data.cache.kinds if data.cache else ():  # before regeneration, not after it
+        get_spec(kind).check_target(model, repr(recipe.target.name))
     template = resolve_chat_template(tokenizer, data.chat_template)
     identity = TargetIdentity.of(model, tokenizer)
     summary["identity"] = identity.to_json()

@@ -29,6 +29,7 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import shift_left
+from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
 
 def hidden_key(index: int) -> str:
@@ -78,6 +79,10 @@ def extract_features(
         raise DraftsmithError(f"hidden-state indices {bad} are outside [0, {num_layers}] for a "
                               f"target with {num_layers} layers")
     decoder = model.get_decoder()
+    why = unsupported_target(model.config, (), decoder)
+    if why is not None:
+        raise DraftsmithError(f"cannot read hidden states of the target: {why}. draftsmith "
+                              f"supports {SUPPORTED}; use such a target")
     layers = decoder.layers
     kept: dict[str, torch.Tensor] = {}
 

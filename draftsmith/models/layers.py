@@ -21,6 +21,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.target_support import LAYER_FIELDS, SUPPORTED, unsupported_target
 from draftsmith.models.ttt_attention import ttt_attention
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -58,7 +60,15 @@ def restrict_target_logits(target_logits_after: TargetLogits, columns: torch.Ten
 
 
 def drafter_layer_config(target_config, **overrides) -> LlamaConfig:
-    """A one-layer Llama config mirroring the target's shapes, RoPE and norm eps."""
+    """A one-layer Llama config mirroring the target's shapes, RoPE and norm eps.
+
+    Raises:
+        DraftsmithError: a target config without those shapes (GPT-2 has no intermediate_size).
+    """
+    why = unsupported_target(target_config, LAYER_FIELDS)
+    if why is not None:
+        raise DraftsmithError(f"draftsmith's drafter layers mirror the target's: {why}. They "
+                              f"support {SUPPORTED}; use such a target")
     head_dim = getattr(target_config, "head_dim", None) or (
         target_config.hidden_size // target_config.num_attention_heads)
     rope = getattr(target_config, "rope_parameters", None) or {

@@ -142,6 +142,7 @@ def model_shapes(recipe, config_path: str | None = None) -> ModelShapes:
     target = meta_target(config)
     text = target.config.get_text_config()
     spec = get_spec(recipe.kind)
+    spec.check_target(target, repr(recipe.target.name))
     drafter_config = recipe.drafter_config()
     with torch.device("meta"):
         drafter = spec.build(target.config, drafter_config)

@@ -234,6 +234,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     """Load and validate the recipe, build the data, train; returns the final drafter folder.
     A launched command leaves the process group once done (`leave_process_group`); a failed run
     leaves it here."""
+    from draftsmith.registry import get_spec
     from draftsmith.train.loop import make_accelerator, run_training
 
     recipe = load_recipe(path, overrides)
@@ -244,6 +245,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
         # and regeneration and caching inside `train` compute there too
         target = load_training_target(recipe, accelerator)
+        get_spec(recipe.kind).check_target(target.model, repr(recipe.target.name))
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target, path)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
