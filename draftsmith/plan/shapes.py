@@ -79,7 +79,16 @@ def target_config(name: str, config_path: str | None = None, trust_remote_code: 
         if not file.is_file():
             raise DraftsmithError(f"--target-config {config_path}: no such file (pass a "
                                   "config.json or the model folder holding one)")
-        return _from_dict(json.loads(file.read_text()), str(file))
+        try:
+            values = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise DraftsmithError(f"--target-config {config_path} is not a JSON config ({err}); "
+                                  "pass the model's config.json or the folder holding it") from None
+        if not isinstance(values, dict):
+            raise DraftsmithError(f"--target-config {config_path} holds a JSON "
+                                  f"{type(values).__name__}, not a config object; pass the "
+                                  "model's config.json or the folder holding it")
+        return _from_dict(values, str(file))
     if name in offline_models.CATALOG:
         folder = offline_models.model_dir(name)
         if not (folder / "config.json").is_file():
