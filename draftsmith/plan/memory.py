@@ -243,6 +243,24 @@ class Change:
     peak: int
 
 
+def largest_batch_that_fits(cfg: Settings, fits) -> int | None:
+    """The largest batch below `cfg.batch` for which `fits(settings)` is not None, or None.
+
+    The peak grows with the batch, so a bisection finds it in log2(batch) plans (a linear search
+    down from `train.batch_size=1000000000` ran for hours).
+    """
+    if cfg.batch <= 1 or fits(replace(cfg, batch=1)) is None:
+        return None
+    good, bad = 1, cfg.batch  # fits(good), and cfg.batch is the size being replaced
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(replace(cfg, batch=middle)) is None:
+            bad = middle
+        else:
+            good = middle
+    return good
+
+
 def changes_that_fit(s: ModelShapes, cfg: Settings, memory: int, accum: int) -> list[Change]:
     """Single changes to the recipe after which the plan fits, smallest step first: a smaller
     batch (grad_accum raised to keep the global batch), gradient checkpointing, FSDP sharding of
@@ -253,15 +271,13 @@ def changes_that_fit(s: ModelShapes, cfg: Settings, memory: int, accum: int) -> 
         return peak if verdict(peak, memory) == "fits" else None
 
     found: list[Change] = []
-    for batch in range(cfg.batch - 1, 0, -1):
-        peak = fits(replace(cfg, batch=batch))
-        if peak is not None:
-            global_batch = cfg.batch * accum
-            new_accum = -(-global_batch // batch)
-            found.append(Change(f"train.batch_size={batch} train.grad_accum={new_accum} (same "
-                                f"{global_batch} sequences per rank per step)",
-                                replace(cfg, batch=batch), peak))
-            break
+    batch = largest_batch_that_fits(cfg, fits)
+    if batch is not None:
+        global_batch = cfg.batch * accum
+        new_accum = -(-global_batch // batch)
+        found.append(Change(f"train.batch_size={batch} train.grad_accum={new_accum} (same "
+                            f"{global_batch} sequences per rank per step)",
+                            replace(cfg, batch=batch), fits(replace(cfg, batch=batch))))
     options = [
         ("train.gradient_checkpointing=true", replace(cfg, checkpointing=True),
          not cfg.checkpointing),
