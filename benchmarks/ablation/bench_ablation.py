@@ -151,6 +151,8 @@ def main() -> None:
         raw = kind_recipe(config, entry, max_minutes=args.minutes, max_steps=100_000,
                           save_every=0, eval_every=0, output_dir=str(out_dir))
         apply_overrides(raw, [*BASE, *ARMS[arm], *args.overrides], recipe_schema)
+        if raw["train"].get("optimizer") != "muon":  # the recipe's Muon rate: the muon arm's
+            raw["train"].pop("muon_lr", None)
         build_recipe(raw)  # a bad override fails here, before any training
         recipe_path = work / f"{arm}.yaml"
         recipe_path.write_text(yaml.safe_dump(raw, sort_keys=False))

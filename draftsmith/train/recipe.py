@@ -115,6 +115,11 @@ class TrainSection:
         check_optimizer(self.optimizer)
         if self.muon_lr is not None and self.muon_lr <= 0:
             raise DraftsmithError(f"train.muon_lr={self.muon_lr} must be > 0 (or null for 10 x lr)")
+        if self.muon_lr is not None and self.optimizer != "muon":
+            raise DraftsmithError(f"train.muon_lr={self.muon_lr:g} is Muon's rate but "
+                                  f"train.optimizer={self.optimizer!r} trains without Muon, so "
+                                  "it would be ignored; set train.optimizer=muon to use it, or "
+                                  "remove train.muon_lr (train.muon_lr=null)")
         if self.schedule not in SCHEDULES:
             raise DraftsmithError(f"train.schedule={self.schedule!r}: use one of "
                                   f"{', '.join(SCHEDULES)}")
@@ -187,8 +192,29 @@ def build_recipe(raw: dict) -> Recipe:
         raise DraftsmithError("recipe section 'drafter' needs a 'kind' (see draftsmith/registry.py)")
     recipe = Recipe(target=target, drafter=drafter, data=dict(raw.get("data") or {}),
                     train=train)
-    recipe.drafter_config()  # validates kind and settings now, before any model is loaded
+    # the kind and its settings are validated now, before any model is loaded
+    check_block_fits(recipe.drafter_config(), recipe)
     return recipe
+
+
+def check_block_fits(drafter_config, recipe: Recipe) -> None:
+    """A block drafter's block (`drafter.block_size`) must fit in a training sequence: a longer
+    one trains no block and its buffers grow with the block (100,000 asked for 320 GB).
+
+    Raises:
+        DraftsmithError: naming both settings and the largest block that fits.
+    """
+    block = getattr(drafter_config, "block_size", None)
+    limits = {"train.max_length": recipe.train.max_length}
+    data_length = recipe.data.get("max_length")
+    if isinstance(data_length, int) and not isinstance(data_length, bool):
+        limits["data.max_length"] = data_length
+    key, length = min(limits.items(), key=lambda item: item[1])
+    if isinstance(block, int) and block > length:
+        raise DraftsmithError(f"drafter.block_size={block} is longer than the training sequences "
+                              f"({key}={length} tokens): a block (the anchor and its proposals) "
+                              f"must fit in one; use at most {length} (DFlash's reference is 16)"
+                              f" or raise {key}")
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
