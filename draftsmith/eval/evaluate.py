@@ -66,6 +66,31 @@ def _is_block(method: str, drafters: dict) -> bool:
     return base in NEEDS_DRAFTER and get_spec(drafters[label][0].kind).proposer == "block"
 
 
+def check_block_length(config: EvalConfig, drafters: dict) -> None:
+    """`--block-length` must not exceed what a block drafter of the run proposes per block: a
+    longer one was cut to the block while eval.json recorded the length asked for.
+
+    Raises:
+        DraftsmithError: naming the flag, the drafter, its block size and the longest length.
+    """
+    length = config.settings.block_length
+    if length is None:
+        return
+    for method in config.methods:
+        if not _is_block(method, drafters):
+            continue
+        label = split_method(method)[1]
+        drafter = drafters[label][0]
+        most = drafter.module.proposals
+        if length > most:
+            name = f"drafter {label!r}" if label else "the drafter"
+            raise DraftsmithError(
+                f"--block-length {length} is longer than {name} proposes: a "
+                f"{get_spec(drafter.kind).title} drafter with block_size "
+                f"{drafter.module.block_size} proposes {most} tokens per block; use "
+                f"--block-length {most} or less, or leave it out for the whole block")
+
+
 def _autotuned(method: str, drafters: dict) -> bool:
     """Methods whose shape `--tree-total-tokens auto` picks: dynamic trees (depth and size) and
     block drafters' chains (their length)."""
@@ -151,6 +176,7 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                                   trust_remote_code=config.trust_remote_code).model
         check_same_vocab(target.model, draft_model)
     drafters = load_drafters(config, target, log)
+    check_block_length(config, drafters)
     tokenizer = target.tokenizer
     open_method_resources(config.methods, config.settings, tokenizer, log)
     runner = MethodExecutor(config, target, draft_model, drafters)
