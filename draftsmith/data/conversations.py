@@ -112,8 +112,9 @@ class CleaningStats:
         return "; ".join(parts)
 
 
-def _text(content) -> str | None:
-    """Message content as text: a string, or OpenAI's list of `{"type": "text", "text"}` parts."""
+def content_text(content) -> str | None:
+    """Message content as text: a string, or OpenAI's list of `{"type": "text", "text"}` parts
+    (joined); None for anything else (a part of another type: an image, audio)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content and all(
@@ -135,7 +136,7 @@ def raw_turns(record: dict) -> list[tuple[str | None, str | None, bool]] | None:
                 turns.append((None, None, False))
                 continue
             role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
-            turns.append((role, _text(turn.get("value")), False))
+            turns.append((role, content_text(turn.get("value")), False))
         return turns
     if isinstance(record.get("messages"), list):
         turns = []
@@ -144,7 +145,7 @@ def raw_turns(record: dict) -> list[tuple[str | None, str | None, bool]] | None:
                 turns.append((None, None, False))
                 continue
             role = message.get("role") if message.get("role") in ROLES else None
-            turns.append((role, _text(message.get("content")), message.get("cut") is True))
+            turns.append((role, content_text(message.get("content")), message.get("cut") is True))
         return turns
     return None
 

@@ -17,6 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from draftsmith.data.conversations import content_text
 from draftsmith.data.prompts import PROMPT_SETS, BenchPrompt, load_prompts
 from draftsmith.errors import DraftsmithError
 
@@ -31,7 +32,8 @@ def _turns_of(row: dict, where: str) -> tuple[str, ...]:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise DraftsmithError(f"{where}: `messages` must be a list of {{role, content}} "
                                   "objects")
-        turns = [m.get("content") for m in messages if m.get("role") == "user"]
+        turns = [_user_text(m.get("content"), number, where)
+                 for number, m in enumerate(messages, 1) if m.get("role") == "user"]
     else:
         raise DraftsmithError(f"{where}: a record needs `turns` (Spec-Bench / MT-bench shape) or "
                               f"`messages` (OpenAI chat shape); it has {sorted(row)}")
@@ -39,6 +41,20 @@ def _turns_of(row: dict, where: str) -> tuple[str, ...]:
             isinstance(t, str) and t.strip() for t in turns):
         raise DraftsmithError(f"{where}: needs at least one non-empty user turn (text)")
     return tuple(turns)
+
+
+def _user_text(content, number: int, where: str):
+    """A user message's text: a string, or OpenAI's list of text parts joined; a part of another
+    type (an image) is refused, as the prompts are text."""
+    text = content_text(content)
+    if text is None and isinstance(content, list):
+        kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__
+                        for p in content} - {"text"})
+        if kinds:
+            raise DraftsmithError(f"{where}: message {number} has content parts of type "
+                                  f"{', '.join(kinds)}; evaluation prompts are text only: keep "
+                                  'its {"type": "text", "text": ...} parts or drop the record')
+    return text if text is not None else content
 
 
 def load_prompt_file(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
