@@ -9,9 +9,11 @@ leaves a half-written model that looks complete.
 
 Loading checks the files too (`verify_local_files`): the converted folder against the sha256 of
 each file recorded at conversion, and a `.gguf` target that is one of the catalog's (by size or
-location) against the catalog's sha256. A file is hashed once per size and mtime; the result is
-kept in `verified_files.json` under the cache, so repeated loads stay fast. `fetch` of a finished
-model reads both again in full (it is the command that says whether the cache is sound).
+location) against the catalog's sha256. A file is hashed once per (size, mtime, ctime, inode); the
+result is kept in `verified_files.json` under the cache, so repeated loads stay fast. Any write to
+a file changes its inode's ctime, which no one can set back (a flipped byte with the mtime put
+back passed a size-and-mtime check), and a file replaced by another has a new inode. `fetch` of a
+finished model reads both again in full (it is the command that says whether the cache is sound).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,25 +122,36 @@ def is_fetched(name: str) -> bool:
     return (model_dir(name) / MARKER).is_file()
 
 
-_hashed: dict[str, tuple[int, int, str]] = {}  # resolved path -> (size, mtime_ns, sha256)
+STAMP = ("size", "mtime_ns", "ctime_ns", "inode")
+# a hash taken within this long of the file's last change is not kept: inode times tick with a
+# coarse clock (a jiffy, FAT's 2 s), so a write in the same tick would leave the stamp as it was
+RACY_NS = 2_000_000_000
+_hashed: dict[str, tuple] = {}  # resolved path -> (*stamp, sha256)
+
+
+def file_stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What a file's hash is reused under: size, mtime, and the inode's ctime and number. A write
+    changes the ctime even when the mtime is put back (`os.utime`), and the ctime cannot be set."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
 
 
 def sha256_cached(path: Path) -> str:
-    """sha256 of a file, computed once per (path, size, mtime) and remembered in this process and
-    in `cache_dir()/verified_files.json` (a changed file has a new size or mtime and is rehashed)."""
+    """sha256 of a file, computed once per (path, `file_stamp`) and remembered in this process and
+    in `cache_dir()/verified_files.json` (a file written since has a new stamp and is rehashed)."""
     key = str(Path(path).resolve())
-    stat = os.stat(key)
-    stamp = (stat.st_size, stat.st_mtime_ns)
-    if key in _hashed and _hashed[key][:2] == stamp:
-        return _hashed[key][2]
+    stamp = file_stamp(os.stat(key))
+    if key in _hashed and _hashed[key][:-1] == stamp:
+        return _hashed[key][-1]
     record_path = cache_dir() / VERIFIED
     records = read_json_dict(record_path)
     entry = records.get(key)
-    if isinstance(entry, dict) and (entry.get("size"), entry.get("mtime_ns")) == stamp:
+    if isinstance(entry, dict) and tuple(entry.get(k) for k in STAMP) == stamp:
         digest = str(entry.get("sha256"))
     else:
         digest = sha256_file(Path(key))
-        records[key] = {"size": stamp[0], "mtime_ns": stamp[1], "sha256": digest}
+        if time.time_ns() - max(stamp[1], stamp[2]) < RACY_NS:
+            return digest  # changed just now: hashed again next time, as git does a racy file
+        records[key] = {**dict(zip(STAMP, stamp, strict=True)), "sha256": digest}
         try:
             record_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = record_path.with_name(f".{VERIFIED}.{os.getpid()}.tmp")
@@ -265,7 +279,7 @@ def verify_converted(name: str, *, cached: bool = False) -> None:
 
     Args:
         name: a fetched catalog model.
-        cached: reuse a hash of an unchanged file (same size and mtime; see `sha256_cached`)
+        cached: reuse a hash of an unchanged file (same `file_stamp`; see `sha256_cached`)
             instead of reading it again.
 
     Raises:
@@ -326,8 +340,8 @@ def verify_gguf_file(path: Path, *, cached: bool = True) -> OfflineModel | None:
 
 def verify_local_files(spec: str) -> None:
     """Check the files a target spec loads when they are draftsmith's offline models: a fetched
-    catalog name (its converted folder) or a catalog GGUF. Each file is hashed once per size and
-    mtime (see `sha256_cached`). Anything else passes unchecked.
+    catalog name (its converted folder) or a catalog GGUF. Each file is hashed once until it is
+    written to (see `sha256_cached`). Anything else passes unchecked.
 
     Raises:
         DraftsmithError: a corrupted or missing file (see `verify_converted`, `verify_gguf_file`).

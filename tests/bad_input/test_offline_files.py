@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 
 import pytest
 
@@ -33,6 +34,7 @@ def fake_model(tmp_path, monkeypatch):
     """A catalog entry `tiny-offline` whose GGUF is 4 KiB of known bytes, in a private cache."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(offline_models, "_hashed", {})
+    monkeypatch.setattr(offline_models, "RACY_NS", 0)  # files written just now keep their hash
     data = bytes(range(256)) * 16
     model = OfflineModel("tiny-offline", "test-org/tiny", (), "tiny.gguf", len(data),
                          hashlib.sha256(data).hexdigest())
@@ -86,3 +88,48 @@ def test_a_flipped_byte_in_the_converted_folder_is_refused(fake_model, monkeypat
     weights.unlink()
     with pytest.raises(DraftsmithError, match=r"model\.safetensors is missing from the converted"):
         resolve_source(model.name)
+
+
+@pytest.mark.parametrize("who", ["this process", "a new process"])
+def test_a_flipped_byte_with_its_mtime_put_back_is_refused(fake_model, monkeypatch, who):
+    """A byte flipped in the converted weights, size and mtime kept, passed `generate`: the hash
+    was reused by size and mtime. The inode's ctime changes on any write and cannot be set back."""
+    model, _ = fake_model
+    folder = offline_models.model_dir(model.name)
+    tiny_target("llama").save_pretrained(folder)
+    files = {p.name: offline_models.sha256_file(p) for p in sorted(folder.iterdir())}
+    (folder / MARKER).write_text(json.dumps({"name": model.name, "files_sha256": files}))
+    resolve_source(model.name)  # hashed and recorded
+    weights = folder / "model.safetensors"
+    stat = weights.stat()
+    time.sleep(0.05)  # past the coarse clock tick of inode times (RACY_NS covers it when real)
+    data = bytearray(weights.read_bytes())
+    data[-7] ^= 0xFF
+    with open(weights, "r+b") as handle:  # in place: same inode, same size
+        handle.write(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (stat.st_size,
+                                                                     stat.st_mtime_ns)
+    if who == "a new process":
+        monkeypatch.setattr(offline_models, "_hashed", {})
+    with pytest.raises(DraftsmithError, match=r"model.safetensors is corrupted"):
+        resolve_source(model.name)
+
+
+def test_a_file_changed_just_now_is_hashed_again_at_its_next_load(tmp_path, monkeypatch):
+    """A write in the same tick of the inode clock as the recorded hash would keep the stamp, so a
+    hash of a file changed within RACY_NS is not kept (git's racy-file rule)."""
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(offline_models, "_hashed", {})
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"weights")
+    hashed = []
+    sha256_file = offline_models.sha256_file
+    monkeypatch.setattr(offline_models, "sha256_file", lambda p: hashed.append(p) or sha256_file(p))
+    for _ in range(2):
+        offline_models.sha256_cached(path)
+    assert len(hashed) == 2  # written just now: hashed each time
+    monkeypatch.setattr(offline_models, "RACY_NS", 0)
+    for _ in range(2):
+        offline_models.sha256_cached(path)
+    assert len(hashed) == 3  # settled: hashed once, then reused
