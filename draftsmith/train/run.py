@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -230,12 +231,22 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
                               f"drafter.draft_vocab_size={wanted}; set both to the same value")
 
 
+def training_rows(recipe: Recipe, examples) -> Iterator[list[int]]:
+    """The input ids of every training sequence, read when iterated: the examples' own, or
+    (offline, where the examples are a cache stream) those of the data run's tokenized.jsonl."""
+    if not isinstance(examples, list):
+        examples = read_tokenized(Path(data_recipe(recipe).data.out_dir) / "tokenized.jsonl")
+    for example in examples:
+        yield example["input_ids"]
+
+
 def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> Path:
     """Load and validate the recipe, build the data, train; returns the final drafter folder.
     A launched command leaves the process group once done (`leave_process_group`); a failed run
     leaves it here."""
     from draftsmith.registry import get_spec
     from draftsmith.train.loop import make_accelerator, run_training
+    from draftsmith.train.mask_token import warn_if_mask_token_in_data
 
     recipe = load_recipe(path, overrides)
     if "tokenized" not in recipe.data:
@@ -248,6 +259,8 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         get_spec(recipe.kind).check_target(target.model, repr(recipe.target.name))
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target, path)
+        warn_if_mask_token_in_data(recipe.drafter_config(), target.model.config,
+                                   training_rows(recipe, examples), accelerator.print)
         return run_training(recipe, examples, target=target.model, accelerator=accelerator,
                             draft_vocab=vocab)
     except BaseException:
