@@ -166,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # a write that the disk had no room for, wherever it was
+        from draftsmith.files import disk_full_report
+
+        if (report := disk_full_report(err)) is None:
+            raise
+        print(f"draftsmith: error: {report}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

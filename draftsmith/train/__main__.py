@@ -25,6 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before or after the step loop, which saves and stops on Ctrl-C
         print("draftsmith: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # a write that the disk had no room for, wherever it was
+        from draftsmith.files import disk_full_report
+
+        if (report := disk_full_report(err)) is None:
+            raise
+        print(f"draftsmith: error: {report}", file=sys.stderr)
+        return 2
     return 0
 
 

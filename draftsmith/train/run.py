@@ -244,6 +244,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     """Load and validate the recipe, build the data, train; returns the final drafter folder.
     A launched command leaves the process group once done (`leave_process_group`); a failed run
     leaves it here."""
+    from draftsmith.files import disk_space_errors
     from draftsmith.registry import get_spec
     from draftsmith.train.loop import make_accelerator, run_training
     from draftsmith.train.mask_token import warn_if_mask_token_in_data
@@ -261,8 +262,11 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         examples, vocab = build_examples(recipe, accelerator, target, path)
         warn_if_mask_token_in_data(recipe.drafter_config(), target.model.config,
                                    training_rows(recipe, examples), accelerator.print)
-        return run_training(recipe, examples, target=target.model, accelerator=accelerator,
-                            draft_vocab=vocab)
+        # checkpoints and the drafter folder: torch's "unexpected pos" on a full disk says so
+        with disk_space_errors(recipe.train.output_dir, "set train.output_dir to a disk with "
+                               "room (a resumed run needs its checkpoints moved there too)"):
+            return run_training(recipe, examples, target=target.model, accelerator=accelerator,
+                                draft_vocab=vocab)
     except BaseException:
         leave_process_group(finished=False)
         raise
