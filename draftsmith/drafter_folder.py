@@ -43,6 +43,8 @@ def write_drafter_folder(final: Path, tensors: dict, meta: dict, lora_target=Non
     """
     from safetensors.torch import save_file
 
+    check_finite(tensors, f"refusing to save the drafter to {final}", "training diverged (lower "
+                 "train.lr, or check the data); nothing was written")
     tmp = final.with_name(final.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -115,10 +117,36 @@ def read_drafter_weights(folder: str | Path) -> dict:
         raise DraftsmithError(f"{path} is missing; the drafter folder is incomplete (restore it or "
                               "train again)")
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except (SafetensorError, OSError) as err:
         raise DraftsmithError(f"{path} is damaged (truncated or not safetensors: {err}); restore "
                               "it or train again") from err
+    check_finite(tensors, str(path), "the training that wrote it diverged: train again with a "
+                 "lower train.lr (draftsmith train now stops at the first non-finite loss)")
+    return tensors
+
+
+def non_finite_tensors(tensors: dict) -> list[str]:
+    """Names of the floating-point tensors that hold a NaN or an infinity."""
+    import torch
+
+    return [name for name, value in tensors.items()
+            if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+
+
+def check_finite(tensors: dict, where: str, fix: str) -> None:
+    """Refuse drafter weights with NaN or infinite values: decoding with them proposes garbage
+    (verification keeps the output right, but every draft is wasted) and an engine serves them
+    without a word.
+
+    Raises:
+        DraftsmithError: naming `where`, up to three of the tensors and `fix`.
+    """
+    bad = non_finite_tensors(tensors)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise DraftsmithError(f"{where}: tensor(s) {', '.join(bad[:3])}{more} hold NaN or "
+                              f"infinite values; {fix}")
 
 
 def check_drafter_fits_target(meta: dict, target_config) -> None:

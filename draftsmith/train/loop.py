@@ -25,6 +25,7 @@ from draftsmith.train.batching import ExampleBatches
 from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import save_drafter, save_state
+from draftsmith.train.divergence import check_loss, check_weights
 from draftsmith.train.draft_vocab import install_draft_vocab
 from draftsmith.train.joint import wrap_with_lora
 from draftsmith.train.loss_module import LossModule, init_from_first_batch
@@ -71,7 +72,11 @@ def make_accelerator(recipe: Recipe):
 
 @torch.no_grad()
 def evaluate(model: LossModule, batches, accelerator) -> dict:
-    """Mean per-position accuracy (against the target's own choices) and simulated tau."""
+    """Mean per-position accuracy (against the target's own choices) and simulated tau, over
+    every process's held-out batches. Every process reaches the one collective whatever its data
+    held (a process without a batch adds nothing), so none waits for one that returned early."""
+    from accelerate.utils import gather_object
+
     model.eval()
     sums: dict[str, float] = {}
     count = 0
@@ -81,12 +86,12 @@ def evaluate(model: LossModule, batches, accelerator) -> dict:
             sums[key] = sums.get(key, 0.0) + float(value)
         count += 1
     model.train()
-    if not count:
+    parts = gather_object([(sums, count)]) if accelerator.num_processes > 1 else [(sums, count)]
+    total = sum(n for _, n in parts)
+    if not total:
         return {}
-    totals = torch.tensor([sums[k] for k in sorted(sums)] + [count], dtype=torch.float64,
-                          device=accelerator.device)
-    totals = accelerator.reduce(totals, reduction="sum")
-    means = {k: float(v) / float(totals[-1]) for k, v in zip(sorted(sums), totals[:-1], strict=True)}
+    keys = sorted({key for part, _ in parts for key in part})
+    means = {k: sum(part.get(k, 0.0) for part, _ in parts) / total for k in keys}
     accs = [means[f"acc_{k}"] for k in range(len(means)) if f"acc_{k}" in means]
     return {**{f"eval/{k}": v for k, v in means.items()}, "eval/simulated_tau": simulated_tau(accs)}
 
@@ -224,12 +229,14 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                 tokens, stop_code = int(counts[0]), stop_exit_code(*counts[1:].tolist())
                 stopping = stop_code is not None
                 step_tokens = 0
-                row = {"step": step, "loss": float(loss), "lr": scheduler.get_last_lr()[0],
+                loss = float(loss)  # the step's one read of the loss (the same on every rank)
+                check_loss(loss, step, cfg, out_dir)
+                row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0],
                        **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
                        "seconds": time.perf_counter() - start}
                 log.write(row)
                 progress.update(1)
-                progress.set_postfix(loss=f"{float(loss):.3f}",
+                progress.set_postfix(loss=f"{loss:.3f}",
                                      acc0=f"{float(metrics['acc_0']):.2f}")
                 if planner is not None:
                     revisable = schedule.revisable(step)
@@ -260,6 +267,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
                         "anchor": schedule.anchor}}
                     stream = {"epoch": micro_done // micro_per_epoch,
                               "batches_done": micro_done % micro_per_epoch}
+                    check_weights(accelerator, model, step, cfg, out_dir)
                     save_state(accelerator, out_dir, step,
                                {"total_steps": schedule.total, "planned": planner is None, **spent,
                                 "scheduler": scheduler_state(scheduler), "run": record,
@@ -273,6 +281,7 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     progress.close()
     final_eval = evaluate(model, data.eval_batches(), accelerator)
     log.write({"step": step, **final_eval})
+    check_weights(accelerator, model, step, cfg, out_dir)
     unwrapped = accelerator.unwrap_model(model)
     # the budget clock over every process of the run, where it ran with one from the start
     spent = None if cfg.max_minutes is None or not (planner or "spent_seconds" in budget) else \
