@@ -123,6 +123,12 @@ EAGLE31_NOT_IN_LLAMA_CPP = (
     "speculators`, `draftsmith serve-check EXPORT --engine vllm`) or SGLang (`--format eagle3`), "
     "or train with fc_norm: false and norm_output: false for llama.cpp")
 
+EAGLE1_BIASED_FC_NOT_IN_VLLM = (
+    "its fc has a trained bias (drafter.fc_bias), which vLLM's EAGLE loader "
+    "(EagleLlamaForCausalLM, vLLM 0.32 and 0.33) drops: it builds fc without one, so vLLM would "
+    "serve a different drafter. Serve it with SGLang (`--speculative-algorithm EAGLE`), or "
+    "retrain with `drafter.fc_bias: false` (the default) for vLLM")
+
 def block_aux_layers(num_layers: int, config) -> list[int]:
     """The target layer outputs a block drafter (DFlash, DSpark) fuses."""
     return config.target_layer_ids or dflash_layer_ids(num_layers, config.num_layers)
@@ -163,7 +169,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             proposer="feature",
             tree_shapes=("static", "chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
-            engine_methods={"sglang": "EAGLE"},
+            engine_methods={"vllm": "eagle", "sglang": "EAGLE"},
+            unserved_by=lambda cfg: {"vllm": EAGLE1_BIASED_FC_NOT_IN_VLLM} if cfg.fc_bias else {},
         ),
         DrafterSpec(
             kind="eagle3",

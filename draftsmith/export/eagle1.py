@@ -1,18 +1,30 @@
 """EAGLE-1/2 layout (`--format eagle`): the checkpoints of SafeAILab/EAGLE's first release, which
 vLLM (`method: "eagle"`) and SGLang (`--speculative-algorithm EAGLE`) load.
 
-`config.json`: a one-layer `LlamaForCausalLM` config plus `"bias": true` (the reference
-`EaModel` reads `bias` to build `fc`). Weights in `model.safetensors`: `fc.weight [H, 2H]`
-(input = cat(embedding, feature), embedding first), `fc.bias [H]`,
-`layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
-`layers.0.post_attention_layernorm.weight` (layer 0 has no input_layernorm) and the frozen
-`embed_tokens.weight` (the reference loads its state dict strictly, so it is kept unless
-`skip_frozen`). The token head is the target's own and is not stored. Matched against
-SafeAILab/EAGLE `eagle/model/ea_model.py` and `cnets.py` and REFERENCE.md section 3.
+`config.json`: a one-layer Llama config with `architectures: ["LlamaForCausalLMEagle",
+"LlamaForCausalLM"]`. SGLang builds the first registered name it finds, its EAGLE-1 class
+`LlamaForCausalLMEagle` (`models/llama_eagle.py`); given only `LlamaForCausalLM` it builds a plain
+Llama whose loader skips `fc.*` and `layers.0.*`. vLLM prefixes "Eagle" to every name for
+`method: "eagle"` and builds the first one it has, `EagleLlamaForCausalLM`. No `bias` key: both
+engines read `bias: true` as attention biases (q/k/v/o), which an EAGLE-1 layer has none of.
+
+Weights in `model.safetensors`: `fc.weight [H, 2H]` (input = cat(embedding, feature), embedding
+first), `fc.bias [H]`, `layers.0.self_attn.{q,k,v,o}_proj.weight`,
+`layers.0.mlp.{gate,up,down}_proj.weight`, `layers.0.post_attention_layernorm.weight` (layer 0 has
+no input_layernorm) and the frozen `embed_tokens.weight` (the reference loads its state dict
+strictly, so it is kept unless `skip_frozen`). The token head is the target's own and is not
+stored. `fc.bias` is always written: SGLang and the reference build `fc` with a bias and load it
+(a missing one would stay uninitialised in SGLang); vLLM builds `fc` without one and drops the
+tensor, so it serves only drafters whose bias is zero (`drafter.fc_bias: false`, the default). A
+drafter with a trained bias is exported with a warning, its card names SGLang only, and
+serve-check refuses it in vLLM (`DrafterSpec.unserved_by`). Matched against SafeAILab/EAGLE
+`eagle/model/ea_model.py` and `cnets.py`, SGLang 0.5.23 `models/llama_eagle.py`, vLLM 0.32 / 0.33
+`models/llama_eagle.py` and `transformers_utils/configs/eagle.py`, and REFERENCE.md section 3.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,9 +46,13 @@ from draftsmith.export.source import (
     require_shape,
 )
 from draftsmith.export.weights import write_weights
+from draftsmith.registry import EAGLE1_BIASED_FC_NOT_IN_VLLM
 
 WEIGHTS_FILE = "model.safetensors"
 PREFIXES = ("embed_tokens.", "fc.", "layers.0.")
+# SGLang's EAGLE-1 class first (it takes the first name it has); vLLM's `method: "eagle"` turns
+# the second into its `EagleLlamaForCausalLM`.
+ARCHITECTURES = ["LlamaForCausalLMEagle", "LlamaForCausalLM"]
 
 
 def write_eagle(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> dict:
@@ -49,14 +65,23 @@ def write_eagle(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> d
     if unknown:
         raise DraftsmithError(f"{where}: unexpected tensors for an EAGLE-1 drafter: {unknown[:5]}")
     require_shape(tensors, "fc.weight", (hidden, 2 * hidden), where)
+    tensors.setdefault("fc.bias", torch.zeros(hidden, dtype=tensors["fc.weight"].dtype))
     require_shape(tensors, "fc.bias", (hidden,), where)
+    if has_fc_bias(tensors):
+        warnings.warn(f"{where}: {EAGLE1_BIASED_FC_NOT_IN_VLLM}", stacklevel=2)
     if opts.skip_frozen:
         tensors.pop("embed_tokens.weight", None)
     tensors = cast_floats(tensors, opts.dtype)
-    config = {"architectures": ["LlamaForCausalLM"],
-              **llama_layer_dict(layer, vocab, float_dtype_name(tensors)), "bias": True}
+    config = {"architectures": list(ARCHITECTURES),
+              **llama_layer_dict(layer, vocab, float_dtype_name(tensors))}
     write_weights(tensors, out / WEIGHTS_FILE)
     return config
+
+
+def has_fc_bias(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether `fc.bias` holds a trained (nonzero) bias, which vLLM would drop."""
+    bias = tensors.get("fc.bias")
+    return bias is not None and bool(bias.any())
 
 
 def matches_eagle(config: dict, names: set[str]) -> bool:
@@ -85,20 +110,29 @@ def read_eagle(config: dict, tensors: dict[str, torch.Tensor], where: str = "exp
     vocab = config.get("vocab_size")
     if "embed_tokens.weight" in state:
         vocab = vocab or state["embed_tokens.weight"].shape[0]
-    return ExportedDrafter(format="eagle", kind="eagle1", settings={}, state=state,
+    return ExportedDrafter(format="eagle", kind="eagle1",
+                           settings={"fc_bias": has_fc_bias(state)}, state=state,
                            hidden_size=int(config.get("hidden_size") or hidden), vocab_size=vocab)
 
 
 def eagle_config_keys(drafter: ExportedDrafter, config: dict) -> list:
-    """config.json keys SGLang and the EAGLE code read (see `export/config_keys.py`)."""
+    """config.json keys SGLang, vLLM and the EAGLE code read (see `export/config_keys.py`): also
+    the architecture SGLang builds and no `bias: true` (both engines would build attention biases
+    that the layer does not have)."""
     state = drafter.state
     implied = {"hidden_size": rows(state, "fc.weight"),
                "vocab_size": rows(state, "embed_tokens.weight"),
                **layer_keys(config, state, "layers.0.")}
-    return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
+    archs = config.get("architectures") or [MISSING]
+    return [*((k, config.get(k, MISSING), v) for k, v in implied.items()),
+            ("architectures[0]", archs[0], ARCHITECTURES[0]),
+            ("bias", config.get("bias", False), False),
+            ("attention_bias", config.get("attention_bias", False), False)]
 
 
 def eagle_serving(base: str, drafter: str, settings: dict | None = None
              ) -> list[ServingSection]:
-    """Model card serving sections of the EAGLE-1/2 layout."""
-    return [vllm_command(base, drafter, "eagle", 5), sglang_command(base, drafter, "EAGLE")]
+    """Model card serving sections of the EAGLE-1/2 layout (vLLM only for a bias-free fc)."""
+    vllm = (ServingSection("vLLM", note=f"Not served by vLLM: {EAGLE1_BIASED_FC_NOT_IN_VLLM}.")
+            if (settings or {}).get("fc_bias") else vllm_command(base, drafter, "eagle", 5))
+    return [vllm, sglang_command(base, drafter, "EAGLE")]

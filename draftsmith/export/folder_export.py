@@ -20,7 +20,7 @@ from draftsmith.export.card import model_card, read_eval
 from draftsmith.export.formats import formats_for_kind, get_format
 from draftsmith.export.load import CONFIG, read_exported
 from draftsmith.export.out_folder import CARD, check_base_model, check_out_folder, partial_folder
-from draftsmith.export.record import ExportOptions
+from draftsmith.export.record import ExportedDrafter, ExportOptions
 from draftsmith.export.source import base_model_id, cast_floats, read_checkpoint
 from draftsmith.export.validate import check_config_keys, check_export_fits_target
 from draftsmith.export.weights import read_json
@@ -76,17 +76,22 @@ def export_folder(checkpoint: str | Path, fmt: str, out: str | Path,
     write_json(tmp / DRAFTER_CONFIG, meta)
     if ckpt.meta.get("lora"):
         shutil.copytree(ckpt.folder / "lora", tmp / "lora")
-    _check_round_trip(ckpt, tmp, options)
+    written = _check_round_trip(ckpt, tmp, options)
     files = {p.relative_to(tmp).as_posix(): p.stat().st_size
              for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / CARD).write_text(model_card(meta, export_format, base, files, eval_payload))
+    # the card's serving commands also see what the weights say and the settings do not record
+    # (an EAGLE-1 drafter trained before `fc_bias` existed has a trained bias)
+    card_meta = {**meta, "drafter_config": {**written.settings,
+                                            **(meta.get("drafter_config") or {})}}
+    (tmp / CARD).write_text(model_card(card_meta, export_format, base, files, eval_payload))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out
 
 
-def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> None:
-    """Read the export back: it must fit the recorded target and hold the checkpoint's tensors."""
+def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> ExportedDrafter:
+    """Read the export back: it must fit the recorded target and hold the checkpoint's tensors.
+    Returns the drafter read back."""
     drafter, _ = read_exported(folder)
     check_export_fits_target(drafter, ckpt.target_config, str(folder))
     check_config_keys(drafter, read_json(folder / CONFIG), str(folder),
@@ -96,3 +101,4 @@ def _check_round_trip(ckpt, folder: Path, options: ExportOptions) -> None:
         if name in original and not torch.equal(value, original[name]):
             raise DraftsmithError(f"export to {folder}: tensor {name} changed in the round trip "
                                   "(a draftsmith bug; please report it)")
+    return drafter

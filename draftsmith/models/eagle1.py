@@ -34,12 +34,18 @@ class Eagle1Config:
         loss: that token loss against the target's distribution: kl (soft cross-entropy, the
             paper's; default), tv, lk, ce or a mixture such as {ce: 0.1, tv: 0.9} (see
             models/losses.py).
+        fc_bias: train a bias in `fc`, as the EAGLE-1 reference does. Off by default: vLLM's
+            EAGLE loader builds `fc` without a bias and drops the tensor, so a trained bias would
+            serve a different drafter there; SGLang serves either. Off, `fc.bias` is a zero
+            buffer, so the tensor every EAGLE-1/2 checkpoint carries is still there, and a drafter
+            trained before this setting existed loads its trained bias into it unchanged.
     """
 
     feature_noise: float = 0.1
     feature_weight: float = 1.0
     token_weight: float = 0.1
     loss: str | dict = "kl"
+    fc_bias: bool = False
 
     def __post_init__(self):
         parse_loss(self.loss)
@@ -61,6 +67,9 @@ class Eagle1Drafter(nn.Module):
         self.layer_config = layer_config
         self.embed_tokens = nn.Embedding(target_config.vocab_size, hidden).requires_grad_(False)
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        if not config.fc_bias:  # not trained: a zero buffer under the same name
+            del self.fc.bias
+            self.fc.register_buffer("bias", torch.zeros(hidden))
         self.layers = nn.ModuleList([DraftDecoderLayer(layer_config, hidden)])
         self.lm_head = nn.Linear(hidden, target_config.vocab_size, bias=False).requires_grad_(False)
         self.rotary = Rotary(layer_config)

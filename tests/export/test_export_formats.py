@@ -85,7 +85,10 @@ def test_eagle_layout(tmp_path):
     assert shapes(out / "model.safetensors") == {
         "embed_tokens.weight": (V, H), "fc.weight": (H, 2 * H), "fc.bias": (H,),
         **{f"layers.0.{k}": s for k, s in {**ATTN, **MLP}.items()}}
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["bias"] is True
+    # SGLang builds its EAGLE-1 class (the first name); vLLM's method "eagle" the second, prefixed
+    assert config["architectures"] == ["LlamaForCausalLMEagle", "LlamaForCausalLM"]
+    assert "bias" not in config and config["attention_bias"] is False  # no q/k/v/o biases
+    assert not load_file(out / "model.safetensors")["fc.bias"].any()  # trained without one
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (1, H, V)
 
 
