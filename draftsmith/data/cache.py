@@ -48,7 +48,7 @@ from draftsmith.data.shards import (
     shard_seconds,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import write_atomic, write_json
+from draftsmith.files import sha256_file, write_atomic, write_json
 from draftsmith.models.features import extract_features, hidden_key, num_decoder_layers
 from draftsmith.target import DTYPES
 
@@ -215,11 +215,17 @@ def build_feature_cache(
                 + (4 if dtype == "float8_e4m3" else 0)),
         })
 
-    manifest = opened() if ranks.is_main else None
-    if ranks.distributed and ranks.is_main:
-        merge_rank_records(out_dir, manifest)  # of a shared run killed before it merged
-    ranks.barrier()
-    manifest = manifest or opened()  # the other ranks: rank 0's, checked against their settings
+    manifest = None
+    for turn in ("main", "others"):  # rank 0 opens (or starts) the run, then the others join it
+        error = None
+        if ranks.is_main == (turn == "main"):
+            try:
+                manifest = opened()  # the others: rank 0's, checked against their settings
+                if ranks.distributed and ranks.is_main:
+                    merge_rank_records(out_dir, manifest)  # of a shared run killed before it merged
+            except DraftsmithError as err:
+                error = str(err)
+        ranks.raise_if_any(error)
     # the shards this rank writes and has written (one process: all, the manifest itself)
     own = {"shards": [s for s in manifest["shards"] if ranks.owns(s["index"])]} \
         if ranks.distributed else manifest
@@ -231,43 +237,50 @@ def build_feature_cache(
                unit="tok", disable=not progress, smoothing=0.1)
     bar.update(sum(s["tokens"] for s in own["shards"]))
     written: list[dict] = []  # this call's shards, as this rank records them
-    for index in report.pending(own, sizes, "tokens", max_minutes, stop_after_shards,
-                                owns=ranks.owns):
-        start, end = plan[index]
-        began = time.perf_counter()
-        deadline = None if max_minutes is None else \
-            began + max_minutes * 60 - shard_seconds(own)
-        tensors, kept = extract_shard(model, samples[start:end], layers, FEATURE_STORAGE[dtype],
-                                      batch_size, batch_tokens, deadline)
-        seconds = time.perf_counter() - began
-        tensors["sample_index"] = torch.tensor(kept, dtype=torch.int64) + start
-        name = f"shard-{index:05d}.safetensors"
-        write_atomic(out_dir / name, lambda tmp, t=tensors: save_file(t, str(tmp)))
-        tokens = int(tensors["lengths"].sum())
-        size = (out_dir / name).stat().st_size
-        entry = {
-            "index": index, "file": name, "samples": len(kept), "tokens": tokens,
-            "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
-            "seconds": round(seconds, 3),
-        }
-        if len(kept) < end - start:  # cut by the budget: a later run with room redoes it whole
-            entry["partial"] = True
-            report.budget_reached = True
-        if ranks.distributed:
-            written = [*(s for s in written if s["index"] != index), entry]
-            own["shards"] = [*(s for s in own["shards"] if s["index"] != index), entry]
-            write_json(rank_record(out_dir, ranks.rank), {"shards": written})
-        else:
-            record_shard(out_dir, manifest, entry)
-        report.wrote(seconds, tokens)
-        report.bytes_written += size
-        bar.update(tokens)
-        if entry.get("partial"):
-            break
+    error = None  # a rank that raised alone would leave the others waiting at the gather
+    try:
+        for index in report.pending(own, sizes, "tokens", max_minutes, stop_after_shards,
+                                    owns=ranks.owns):
+            start, end = plan[index]
+            began = time.perf_counter()
+            deadline = None if max_minutes is None else \
+                began + max_minutes * 60 - shard_seconds(own)
+            tensors, kept = extract_shard(model, samples[start:end], layers, FEATURE_STORAGE[dtype],
+                                          batch_size, batch_tokens, deadline)
+            seconds = time.perf_counter() - began
+            tensors["sample_index"] = torch.tensor(kept, dtype=torch.int64) + start
+            name = f"shard-{index:05d}.safetensors"
+            write_atomic(out_dir / name, lambda tmp, t=tensors: save_file(t, str(tmp)))
+            tokens = int(tensors["lengths"].sum())
+            size = (out_dir / name).stat().st_size
+            entry = {
+                "index": index, "file": name, "samples": len(kept), "tokens": tokens,
+                "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
+                "sha256": sha256_file(out_dir / name), "seconds": round(seconds, 3),
+            }
+            if len(kept) < end - start:  # cut by the budget: a later run with room redoes it whole
+                entry["partial"] = True
+                report.budget_reached = True
+            if ranks.distributed:
+                written = [*(s for s in written if s["index"] != index), entry]
+                own["shards"] = [*(s for s in own["shards"] if s["index"] != index), entry]
+                write_json(rank_record(out_dir, ranks.rank), {"shards": written})
+            else:
+                record_shard(out_dir, manifest, entry)
+            report.wrote(seconds, tokens)
+            report.bytes_written += size
+            bar.update(tokens)
+            if entry.get("partial"):
+                break
+    except DraftsmithError as err:
+        if not ranks.distributed:
+            raise
+        error = str(err)
     bar.close()
     if not ranks.distributed:
         return report
     parts = ranks.gather(report)  # also waits for every rank's last shard
+    ranks.raise_if_any(error)
     if ranks.is_main:
         merge_rank_records(out_dir, manifest)
     ranks.barrier()

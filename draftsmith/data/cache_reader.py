@@ -8,6 +8,7 @@ generator, split across ranks by sample. Training streams shards per rank instea
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from draftsmith.data.batching import collate
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.shards import MANIFEST, read_manifest
 from draftsmith.errors import DraftsmithError
+from draftsmith.files import sha256_file
 from draftsmith.models.features import hidden_key
 
 KIND = "feature_cache"
@@ -129,6 +131,31 @@ class FeatureCache:
                 raise DraftsmithError(
                     f"the cache at {self.folder} is damaged: {shard['file']} has {size:,} bytes "
                     f"but was written with {shard['bytes']:,} (truncated or overwritten); {fix}")
+
+    def checksum_problems(self, rank: int = 0, world_size: int = 1) -> list[str]:
+        """Shards whose bytes differ from the sha256 recorded when they were written (a flipped
+        bit keeps a shard's size); this process checks shards `i % world_size == rank`, so
+        several processes share the reading.
+
+        Returns:
+            One message per damaged shard, naming it and the fix; a cache written before shards
+            recorded their checksum gives one notice that it cannot be verified.
+        """
+        fix = f"delete {self.folder} and run `draftsmith data run` again to rebuild the cache"
+        problems, unverified = [], 0
+        for i, shard in enumerate(self.shards):
+            if i % world_size != rank:
+                continue
+            if "sha256" not in shard:
+                unverified += 1
+            elif sha256_file(self.folder / shard["file"]) != shard["sha256"]:
+                problems.append(f"the cache at {self.folder} is damaged: {shard['file']} does not "
+                                f"match the sha256 recorded when it was written; {fix}")
+        if unverified and rank == 0:
+            print(f"note: the cache at {self.folder} was written before shards recorded a "
+                  "checksum, so its contents cannot be verified; rebuild it to have them checked",
+                  file=sys.stderr)
+        return problems
 
     def _damaged(self, shard: dict) -> str:
         return (f"the cache at {self.folder} is damaged: {shard['file']} lacks %s; delete "

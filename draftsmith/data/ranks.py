@@ -61,6 +61,18 @@ class Ranks:
         torch.distributed.all_gather_object(values, value)
         return values
 
+    def raise_if_any(self, error: str | None) -> None:
+        """Every rank meets here (a gather); when any rank brings an error, every rank raises:
+        its own message, else the first rank's. A rank that raised alone would leave the others
+        waiting in their next collective for up to `WAIT`.
+
+        Raises:
+            DraftsmithError: some rank's `error`.
+        """
+        errors = [e for e in self.gather(error) if e]
+        if errors:
+            raise DraftsmithError(error or f"another process of the run stopped: {errors[0]}")
+
     def owns(self, shard_index: int) -> bool:
         """Shard `shard_index` is this rank's to write (round robin)."""
         return shard_index % self.world_size == self.rank

@@ -203,7 +203,7 @@ class DFlashDrafter(DraftVocab, nn.Module):
         self.lm_head.weight.data.copy_(head if ids is None else head[ids.to(head.device)])
 
     @torch.no_grad()
-    def init_from_data(self, features, mean_over_processes=None) -> None:
+    def init_from_data(self, features, sum_over_processes=None) -> None:
         """Start from the data's statistics: `fc` as a per-dimension rescaling of each fused layer
         (each dimension divided by its median magnitude, the layers averaged) with the massive
         dimensions dropped, and every layer's output projections at zero (each layer starts as
@@ -217,23 +217,31 @@ class DFlashDrafter(DraftVocab, nn.Module):
 
         Args:
             features: one training batch's `Features` (its `aux_hidden` are the fused layers).
-            mean_over_processes: (tensor) -> its mean over data-parallel processes, so every rank
-                starts from the same weights; None on one process.
+            sum_over_processes: (tensor) -> its sum over data-parallel processes, so every rank
+                starts from the same weights (a dimension is ordinary where every process with
+                rows says so; the scale is the mean over those processes); None on one process.
+                Every process calls it once per layer, rows or not: a collective one rank
+                skipped would leave the others waiting.
         """
         valid = features.attention_mask.bool().clone()
         valid[:, 0] = False
         blocks = []
         for hidden in features.aux_hidden:
             rows = hidden[valid].float()
-            if rows.shape[0] == 0:
-                return  # nothing to measure: keep the random start
-            rms = rows.pow(2).mean(0).sqrt()  # per dimension
-            ordinary = (rms < 20 * rms.median()).float()
-            scale = rows.abs().median(0).values
-            if mean_over_processes is not None:
-                ordinary = (mean_over_processes(ordinary) == 1).float()
-                scale = mean_over_processes(scale)
-            blocks.append(torch.diag(ordinary / (scale + 1e-3)))
+            has = torch.ones(1, device=rows.device) if rows.shape[0] else \
+                torch.zeros(1, device=rows.device)
+            rms = rows.pow(2).mean(0).sqrt() if rows.shape[0] else \
+                torch.zeros(rows.shape[-1], device=rows.device)
+            ordinary = (rms < 20 * rms.median()).float() * has
+            scale = rows.abs().median(0).values if rows.shape[0] else torch.zeros_like(rms)
+            stats = torch.cat([ordinary, scale, has])
+            if sum_over_processes is not None:
+                stats = sum_over_processes(stats)
+            size = rms.shape[0]
+            ordinary, scale, count = stats[:size], stats[size:2 * size], stats[-1]
+            if not count:
+                return  # no process had rows to measure: keep the random start (on every rank)
+            blocks.append(torch.diag((ordinary == count).float() / (scale / count + 1e-3)))
         weight = torch.cat(blocks, dim=1) / len(blocks)
         self.fc.weight.copy_(weight.to(self.fc.weight.dtype))
         for layer in self.layers:

@@ -131,11 +131,14 @@ class CacheStream:
             to_skip = 0
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's share of the held-out samples (every W-th), in data order."""
+        """This rank's share of the held-out samples (every W-th), in data order: the same
+        number on every rank (the last `num_held_out % W` samples are left out), so every rank
+        runs as many evaluation forwards, each a collective under a sharded target."""
         pending, position = [], 0
+        shared = self.num_held_out // self.world_size * self.world_size
         for shard in self.shards:
             mine = [i for n, i in enumerate(shard.held, position) if n % self.world_size ==
-                    self.rank]
+                    self.rank and n < shared]
             position += len(shard.held)
             if not mine:
                 continue
@@ -156,8 +159,8 @@ class CacheStream:
         return {"examples": self.num_train + self.num_held_out, "sha256": digest.hexdigest()}
 
     def num_eval_batches(self) -> int:
-        """Held-out batches on the rank with the most (an evaluation's cost in steps)."""
-        per_rank = -(-self.num_held_out // self.world_size)
+        """Held-out batches on each rank (an evaluation's cost in steps)."""
+        per_rank = self.num_held_out // self.world_size
         return -(-per_rank // self.batch_size)
 
     def _read(self, window: list[_Shard], order: list[tuple[int, int]]

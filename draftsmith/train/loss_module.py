@@ -50,11 +50,16 @@ def init_from_first_batch(drafter, target, data, aux_layers: list[int], accelera
     if not hasattr(drafter, "init_from_data"):
         return
     batch = next(iter(data.train_batches(0, 0)), None)
+    many = accelerator.num_processes > 1
+    if many:  # every rank takes the same branch: a sharded target's forward is a collective too
+        have = accelerator.reduce(torch.tensor([int(batch is not None)],
+                                               device=accelerator.device), "sum")
+        if int(have[0]) < accelerator.num_processes:
+            return
     if batch is None:
         return
     with torch.no_grad():
         features = batch_features(target, {k: v.to(accelerator.device) for k, v in batch.items()},
                                   aux_layers)
-        many = accelerator.num_processes > 1
-        drafter.init_from_data(features, (lambda t: accelerator.reduce(t, "mean")) if many
+        drafter.init_from_data(features, (lambda t: accelerator.reduce(t, "sum")) if many
                                else None)

@@ -138,8 +138,7 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
         vocab = read_draft_vocab(out_dir / "draft_vocab.safetensors",
                                  int(target.model.config.get_text_config().vocab_size))
     if recipe.train.features == "offline":
-        return stream_cache(recipe, out_dir / "cache", target, accelerator.process_index,
-                            accelerator.num_processes), vocab
+        return stream_cache(recipe, out_dir / "cache", target, accelerator), vocab
     return read_tokenized(tokenized), vocab
 
 
@@ -176,15 +175,17 @@ def load_training_target(recipe: Recipe, accelerator):
     return recipe.target.load(device=device)
 
 
-def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
-                 world_size: int = 1) -> CacheStream:
+def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStream:
     """This rank's stream of the cache, with exactly the hidden states this drafter kind reads
-    (offline mode).
+    (offline mode), once every shard matched its recorded checksum (the processes share the
+    reading).
 
     Raises:
         DraftsmithError: no cache, or one made by another target / tokenizer, or missing layers,
-            or too few shards or samples for the processes and batch size.
+            or a damaged shard, or too few shards or samples for the processes and batch size.
     """
+    import torch
+
     from draftsmith.data.cache_reader import FeatureCache
     from draftsmith.data.identity import TargetIdentity
     from draftsmith.models.features import hidden_key
@@ -198,6 +199,17 @@ def stream_cache(recipe: Recipe, folder: Path, target, rank: int = 0,
     indices = get_spec(recipe.kind).hidden_indices(num_layers, recipe.drafter_config())
     cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
                               layers=indices)
+    rank, world_size = accelerator.process_index, accelerator.num_processes
+    problems = cache.checksum_problems(rank, world_size)
+    # every process meets here, damaged or not: an error on one alone would leave the others
+    # waiting in their first collective
+    found = int(accelerator.reduce(torch.tensor([len(problems)], device=accelerator.device),
+                                   "sum")[0]) if world_size > 1 else len(problems)
+    if found:
+        raise DraftsmithError(problems[0] if problems else
+                              f"the cache at {folder} is damaged: {found} shard(s) do not match "
+                              "their recorded sha256 (another process's message names them); "
+                              f"delete {folder} and run `draftsmith data run` again")
     cfg = recipe.train
     return CacheStream(cache, [hidden_key(i) for i in indices], ("target_argmax",),
                        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,

@@ -165,7 +165,7 @@ def test_init_from_data_rescales_each_layer_and_drops_massive_dimensions(kind):
     seen = []
     again = build(kind, target)
     again.init_from_data(features, lambda t: seen.append(t.shape) or t)
-    assert seen == [(hidden,)] * (2 * k)
+    assert seen == [(2 * hidden + 1,)] * k  # one collective per layer: ordinary, scale, count
     torch.testing.assert_close(again.fc.weight, module.fc.weight)
 
 
