@@ -155,6 +155,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             tree_shapes=("static", "chain"),
             frozen_prefixes=("lm_head.",),  # shared_head: the target's output layer
             trains_target=lambda cfg: bool(cfg.lora),
+            engine_methods={"vllm": "medusa"},  # vLLM up to 0.32: 0.33 removed Medusa
             target_fields=HEAD_FIELDS,
         ),
         DrafterSpec(
@@ -233,7 +234,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             frozen_prefixes=("embed_tokens.", "lm_head."),
             custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,
-            engine_methods={"vllm": "dspark"},
+            engine_methods={"vllm": "dspark", "sglang": "DSPARK", "llama.cpp": "draft-dspark"},
         ),
     )
 }

@@ -14,9 +14,12 @@ when asked (`ExportOptions.include_frozen`), as z-lab, SpecForge and Model Optim
 `dflash-speculators` (vllm-project/speculators): `architectures: ["DFlashSpeculator"]`,
 `speculators_model_type: "dflash"`, `transformer_layer_config` (the Qwen3 body),
 `aux_hidden_state_layer_ids` = the z-lab ids + 1 (vLLM's `update_dflash` subtracts 1),
-`block_size`, `mask_token_id`, `sample_from_anchor: false`, `speculators_config` with
-`speculative_tokens = block_size - 1`. Same weights (speculators saves neither the embedding nor,
-for a full draft vocabulary, the head).
+`block_size`, `mask_token_id`, `sample_from_anchor: false`, `sliding_window_non_causal: true`,
+`speculators_config` with `speculative_tokens = block_size - 1`. The block is trained
+bidirectional: speculators keeps full-attention layers non-causal whatever the flag, but vLLM's
+`update_dflash` (0.32, 0.33) sets `dflash_config.causal = not sliding_window_non_causal`, so false
+would make every draft layer causal in vLLM. Same weights (speculators saves neither the embedding
+nor, for a full draft vocabulary, the head).
 
 A drafter trained with a draft vocabulary is written without it (no `d2t` / `t2d`, no reduced
 head): engines draft over the whole vocabulary with the target's head, which proposes the same
@@ -153,7 +156,7 @@ def write_dflash_speculators(ckpt: DraftsmithCheckpoint, out, opts: ExportOption
         "target_hidden_size": ckpt.layer_config().hidden_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in settings["target_layer_ids"]],
         "mask_token_id": settings["mask_token_id"],
-        "sliding_window_non_causal": False,
+        "sliding_window_non_causal": True,  # vLLM: dflash_config.causal = not this
         "sample_from_anchor": False,
         "projector_type": "dflash",
         "speculators_config": {
@@ -297,6 +300,8 @@ def dflash_speculators_config_keys(drafter: ExportedDrafter, config: dict) -> li
             ("mask_token_id", config.get("mask_token_id", MISSING), None),
             ("aux_hidden_state_layer_ids (count)", MISSING if ids is MISSING else len(ids),
              ids_implied(drafter)),
+            # false: vLLM builds causal draft layers for a block trained bidirectional
+            ("sliding_window_non_causal", config.get("sliding_window_non_causal", MISSING), True),
             ("speculators_config.proposal_methods[0].speculative_tokens",
              methods[0].get("speculative_tokens", MISSING), block - 1),
             ("speculators_config.verifier.name_or_path",

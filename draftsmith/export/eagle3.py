@@ -2,13 +2,22 @@
 
 `eagle3` (official / SGLang / SpecForge): `config.json` of a one-layer Llama with
 `architectures: ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, `target_hidden_size`,
-`tie_word_embeddings: false` and `eagle_config.eagle_aux_hidden_state_layer_ids`; weights
-`fc.weight [H, 3H]`, `midlayer.*`, `norm.weight`, `lm_head.weight [Vd, H]`, `d2t` int64 [Vd],
-`t2d` bool [V], optional `embed_tokens.weight` in `model.safetensors`. Matched against SGLang's
-`models/llama_eagle3.py` (`LlamaForCausalLMEagle3`: reads `target_hidden_size`, ties the head to
-the embedding when `tie_word_embeddings` is true, turns `d2t` into hot token ids) and SpecForge's
-`configs/*-eagle3.json`. The ids in `eagle_config` are 0-based layer OUTPUTS (SpecForge and the
-reference EAGLE code read `hidden_states[i + 1]`; SGLang's `set_eagle3_layers_to_capture` adds 1).
+`tie_word_embeddings: false` and the aux layer ids; weights `fc.weight [H, 3H]`, `midlayer.*`,
+`norm.weight`, `lm_head.weight [Vd, H]`, `d2t` int64 [Vd], `t2d` bool [V], optional
+`embed_tokens.weight` in `model.safetensors`. Matched against SGLang's `models/llama_eagle3.py`
+(`LlamaForCausalLMEagle3`: reads `target_hidden_size`, ties the head to the embedding when
+`tie_word_embeddings` is true, turns `d2t` into hot token ids) and SpecForge's
+`configs/*-eagle3.json`.
+
+The aux layer ids are written where every reader finds them, in its own numbering:
+`eagle_config.eagle_aux_hidden_state_layer_ids` holds 0-based layer OUTPUTS, which SGLang 0.5.23
+reads there and nowhere else (`set_eagle3_layers_to_capture` adds 1; SpecForge and the reference
+EAGLE code read `hidden_states[i + 1]`). vLLM counts layer INPUTS (output + 1) and reads the
+top-level `eagle_aux_hidden_state_layer_ids` first: its older runner (`gpu_model_runner.py`) then
+falls back to `eagle_config.eagle_aux_hidden_state_layer_ids` taken as inputs (off by one for
+these ids), its newer one (`gpu/spec_decode/eagle/eagle3_utils.py`) to `eagle_config.layer_ids`,
+else to its default (2, N // 2, N - 3). So the top level and `eagle_config.layer_ids` carry the
+inputs, and both vLLM runners and llama.cpp's converter read the right layers.
 
 `speculators` (vLLM): `architectures: ["Eagle3DraftModel"]`, `speculators_model_type: "eagle3"`,
 `transformer_layer_config`, `speculators_config` {algorithm, default_proposal_method,
@@ -22,8 +31,7 @@ that renames `midlayer.` to `layers.0.`) and vLLM's speculators config adapter, 
 `transformer_layer_config`, and defaults `norm_before_residual` to true when the key is absent (it
 is always written here).
 
-Serve the `eagle3` layout with SGLang and the `speculators` layout with vLLM: the two engines read
-the ids in `eagle_config` with different offsets.
+vLLM serves both layouts; SGLang the `eagle3` one.
 
 EAGLE-3.1 (`fc_norm`, `norm_output`; REFERENCE.md section 7.4) adds the weights
 `fc_norm.{0,1,2}.weight [H]` beside `fc.weight` and the two booleans: top-level `fc_norm` /
@@ -117,7 +125,10 @@ def write_eagle3(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> 
         **llama_layer_dict(layer, vocab, float_dtype_name(tensors)),
         "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]),
         "target_hidden_size": layer.hidden_size,
+        # layer inputs for vLLM (and llama.cpp), outputs for SGLang: see the module docstring
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in _layer_ids(ckpt)],
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layer_ids(ckpt),
+                         "layer_ids": [i + 1 for i in _layer_ids(ckpt)],
                          "use_aux_hidden_state": True},
         **_eagle31(ckpt),
     }
@@ -268,8 +279,14 @@ def _eagle3_keys(drafter: ExportedDrafter, config: dict, layer: dict, where: str
 
 
 def eagle3_config_keys(drafter: ExportedDrafter, config: dict) -> list:
-    """config.json keys SGLang and the EAGLE code read (see `export/config_keys.py`)."""
-    return _eagle3_keys(drafter, config, config, "")
+    """config.json keys SGLang, vLLM and the EAGLE code read (see `export/config_keys.py`): the
+    aux layer inputs where vLLM's two runners read them, agreeing with SGLang's outputs."""
+    inputs = [i + 1 for i in drafter.aux_layer_ids] or None
+    flags = config.get("eagle_config") or {}
+    return [*_eagle3_keys(drafter, config, config, ""),
+            ("eagle_aux_hidden_state_layer_ids",
+             config.get("eagle_aux_hidden_state_layer_ids", MISSING), inputs),
+            ("eagle_config.layer_ids", flags.get("layer_ids", MISSING), inputs)]
 
 
 def speculators_config_keys(drafter: ExportedDrafter, config: dict) -> list:
@@ -286,11 +303,8 @@ def speculators_config_keys(drafter: ExportedDrafter, config: dict) -> list:
 
 def eagle3_serving(base: str, drafter: str, settings: dict | None = None
                    ) -> list[ServingSection]:
-    """Model card serving sections of the official / SGLang layout."""
-    return [sglang_command(base, drafter, "EAGLE3"),
-            ServingSection("vLLM", note="Not from this folder: export with `--format "
-                           "speculators` for vLLM: vLLM reads the aux layer ids of this layout "
-                           "with a different offset.")]
+    """Model card serving sections of the official / SGLang layout (vLLM reads it too)."""
+    return [sglang_command(base, drafter, "EAGLE3"), vllm_command(base, drafter, "eagle3", 3)]
 
 
 def speculators_serving(base: str, drafter: str, settings: dict | None = None

@@ -22,6 +22,13 @@ block size from `dflash_config` first, then the top level), takes the tokenizer 
 writes `dflash.target_layers`, `dflash.block_size`, `tokenizer.ggml.mask_token_id`; the
 speculators layout is staged as the native one. `--outtype` f16 / bf16 / q8_0 shrink the draft
 (its weights cost memory bandwidth in the engine like the target's).
+
+DSpark (`DSparkModel(DFlashModel)`, arch `dflash`, `--spec-type draft-dspark`): DeepSpec's layout
+as written (top-level `target_layer_ids`, `mask_token_id`, `block_size`, `sample_from_anchor`);
+the GGUF also records `dflash.sample_from_anchor` and `dflash.has_confidence_head`.
+
+Neither DFlash converter class writes `rope_freqs`, so a drafter of a Llama-3-style target
+(rope_type llama3) is refused rather than served with unscaled RoPE.
 """
 
 from __future__ import annotations
@@ -114,10 +121,27 @@ def _stage_eagle3(config: dict, export_dir: Path) -> list[int]:
     return ids
 
 
+def _refuse_llama3_rope(config: dict, export_dir: Path) -> None:
+    """llama.cpp's DFlash / DSpark converter classes (`DFlashModel(Qwen3Model)`, xllamacpp
+    2026.10.11549) never write `rope_freqs`, the tensor through which llama.cpp applies Llama-3's
+    RoPE scaling (its `dflash` runtime uses it when present), so such a draft would run with
+    unscaled RoPE: refused, naming why."""
+    body = config.get("transformer_layer_config") or config
+    rope = body.get("rope_parameters") or body.get("rope_scaling") or {}
+    if (rope.get("rope_type") or rope.get("type")) == "llama3":
+        raise DraftsmithError(
+            f"{export_dir}: the target uses Llama-3 RoPE scaling (rope_type llama3), which "
+            "llama.cpp's DFlash/DSpark GGUF converter (xllamacpp 2026.10.11549) does not carry: it "
+            "writes no rope_freqs tensor, so llama.cpp would run the draft with unscaled RoPE. "
+            "Serve this drafter with vLLM or SGLang instead (`--format dflash` / `--format "
+            "dspark`)")
+
+
 def _stage_dflash(config: dict, export_dir: Path) -> list[int]:
     """The converter reads the native layout (`DFlashDraftModel`, block size and 0-based layer
     outputs under `dflash_config`, adding 1 itself); a speculators-layout export is rewritten into
     it. Returns the layer inputs the GGUF must record."""
+    _refuse_llama3_rope(config, export_dir)
     if config.get("speculators_model_type") == "dflash":
         body = dict(config.get("transformer_layer_config") or {})
         outputs = [i - 1 for i in config.get("aux_hidden_state_layer_ids") or []]
@@ -135,25 +159,41 @@ def _stage_dflash(config: dict, export_dir: Path) -> list[int]:
     return [i + 1 for i in outputs]
 
 
-# the converter's arch for each export layout's drafter kind, and how its config is staged
-STAGES = {"eagle3": _stage_eagle3, "dflash": _stage_dflash}
+def _stage_dspark(config: dict, export_dir: Path) -> list[int]:
+    """The converter's `DSparkModel` (arch `dflash`, `--spec-type draft-dspark`) reads DeepSpec's
+    layout as written: top-level `target_layer_ids` (0-based outputs, adding 1 itself),
+    `mask_token_id`, `block_size` and `sample_from_anchor`. Returns the layer inputs."""
+    _refuse_llama3_rope(config, export_dir)
+    outputs = config.get("target_layer_ids")
+    if not outputs or config.get("mask_token_id") is None:
+        raise DraftsmithError(f"{export_dir}/config.json records no target_layer_ids or "
+                              "mask_token_id (llama.cpp's converter would guess them); re-export "
+                              "it with `draftsmith export CKPT --format dspark`")
+    return [i + 1 for i in outputs]
+
+
+# how each export layout's config is staged for the converter
+STAGES = {"eagle3": _stage_eagle3, "dflash": _stage_dflash, "dspark": _stage_dspark}
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # the converter's --outtype choices that fit a draft
 
 
 def gguf_arch(config: dict) -> str:
-    """The llama.cpp arch of an export's config.json (`eagle3` or `dflash`).
+    """The drafter family of an export's config.json as the converter takes it: `eagle3`,
+    `dflash` or `dspark` (whose GGUF arch is `dflash` too).
 
     Raises:
         DraftsmithError: a layout llama.cpp's converter does not take from draftsmith.
     """
     archs = config.get("architectures") or []
+    if "Qwen3DSparkModel" in archs and "speculators_model_type" not in config:
+        return "dspark"
     if config.get("speculators_model_type") == "dflash" or "DFlashDraftModel" in archs:
         return "dflash"
     if config.get("speculators_model_type") == "eagle3" or any("Eagle3" in a for a in archs):
         return "eagle3"
     raise DraftsmithError(f"a {archs or 'config.json'} export is not converted to a llama.cpp "
-                          "draft GGUF; export an EAGLE-3 (--format eagle3) or DFlash (--format "
-                          "dflash) drafter")
+                          "draft GGUF; export an EAGLE-3 (--format eagle3), DFlash (--format "
+                          "dflash) or DSpark (--format dspark) drafter")
 
 
 def _stage(export_dir: Path, staging: Path) -> tuple[str, list[int]]:

@@ -1,9 +1,9 @@
-"""`draftsmith export CKPT --format gguf --out DIR`: an EAGLE-3 or DFlash drafter as the draft GGUF
-that llama.cpp's server loads (`-md DIR/draft-eagle3.gguf --spec-type draft-eagle3`, `-md
-DIR/draft-dflash.gguf --spec-type draft-dflash`), its weights in f32 (exact) or a smaller
-`--outtype` (f16, bf16, q8_0).
+"""`draftsmith export CKPT --format gguf --out DIR`: an EAGLE-3, DFlash or DSpark drafter as the
+draft GGUF that llama.cpp's server loads (`-md DIR/draft-eagle3.gguf --spec-type draft-eagle3`,
+`-md DIR/draft-dflash.gguf --spec-type draft-dflash`, `-md DIR/draft-dspark.gguf --spec-type
+draft-dspark`), its weights in f32 (exact) or a smaller `--outtype` (f16, bf16, q8_0).
 
-The drafter is first exported in the `eagle3` / `dflash` layout (read back and compared tensor by
+The drafter is first exported in the `eagle3` / `dflash` / `dspark` layout (read back and compared tensor by
 tensor, as every export), then converted by llama.cpp's own `convert_hf_to_gguf.py` of the
 engine's pinned version (`export/gguf.py`), which also needs the target's Hugging Face folder
 (config and tokenizer: the draft GGUF carries the target's vocabulary). DIR holds the GGUF, the
@@ -29,10 +29,11 @@ def _not_a_folder_format(*_args):
                           "evaluate the folder export it was made from")
 
 
-def _gguf_serving(spec_type: str):
+def _gguf_serving(spec_type: str, label_shift: int | None):
     def serving(base: str, drafter: str, settings: dict | None = None) -> list[ServingSection]:
         block = (settings or {}).get("block_size")
-        draft_max = block - 1 if block else 3  # DFlash drafts its whole block, EAGLE-3 a chain
+        # a block drafter drafts its whole block (DFlash B - 1, DSpark B), EAGLE-3 a chain
+        draft_max = block - 1 + (label_shift or 0) if block else 3
         return [ServingSection("llama.cpp", (
             f"llama-server -m TARGET.gguf -md {gguf_name(spec_type)} --spec-type {spec_type} \\",
             f"  --draft-max {draft_max} --draft-min 0 --draft-p-min 0"),
@@ -42,12 +43,12 @@ def _gguf_serving(spec_type: str):
 
 
 def gguf_name(spec_type: str) -> str:
-    """The draft file's name: `draft-eagle3.gguf`, `draft-dflash.gguf`."""
+    """The draft file's name: `draft-eagle3.gguf`, `draft-dflash.gguf`, `draft-dspark.gguf`."""
     return f"{spec_type}.gguf"
 
 
 # the folder layout a kind is staged in before llama.cpp's converter reads it
-STAGED_FORMAT = {"eagle3": "eagle3", "dflash": "dflash"}
+STAGED_FORMAT = {"eagle3": "eagle3", "dflash": "dflash", "dspark": "dspark"}
 
 
 def gguf_format(kind: str) -> ExportFormat:
@@ -59,7 +60,9 @@ def gguf_format(kind: str) -> ExportFormat:
     return ExportFormat("gguf", kind, f"{spec.title} draft GGUF for llama.cpp (`--spec-type "
                         f"{spec_type}`), converted by llama.cpp's own convert_hf_to_gguf.py",
                         _not_a_folder_format, lambda config, names: False, _not_a_folder_format,
-                        serving=_gguf_serving(spec_type), is_folder=False)
+                        serving=_gguf_serving(spec_type,
+                                              getattr(spec.build, "label_shift", None)),
+                        is_folder=False)
 
 
 def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
@@ -92,8 +95,8 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
                 options: ExportOptions | None = None, overwrite: bool = False,
                 target_dir: str | Path | None = None,
                 log: Callable[[str], None] = print, outtype: str = "f32") -> Path:
-    """Write `out/draft-eagle3.gguf` or `out/draft-dflash.gguf` (weights as `outtype`: f32, f16,
-    bf16 or q8_0), `draftsmith_drafter.json` and a model card.
+    """Write `out/draft-eagle3.gguf`, `out/draft-dflash.gguf` or `out/draft-dspark.gguf` (weights
+    as `outtype`: f32, f16, bf16 or q8_0), `draftsmith_drafter.json` and a model card.
 
     Raises:
         DraftsmithError: a drafter llama.cpp does not serve, an existing output, no target

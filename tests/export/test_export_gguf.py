@@ -52,7 +52,7 @@ def test_gguf_export_refuses_other_kinds_and_folderless_targets(smollm, tmp_path
     module = build_drafter("eagle1", smollm.model, {})
     checkpoint = write_checkpoint(tmp_path / "eagle1", "eagle1", module, smollm.model, {})
     assert main(["export", str(checkpoint), "--format", "gguf", "--out", str(tmp_path / "a")]) == 2
-    assert "holds EAGLE-3 / DFlash drafters" in capsys.readouterr().err
+    assert "holds EAGLE-3 / DFlash / DSpark drafters" in capsys.readouterr().err
     settings = {"draft_vocab_size": 256}
     module = build_drafter("eagle3", smollm.model, settings)
     checkpoint = write_checkpoint(tmp_path / "eagle3", "eagle3", module, smollm.model, settings)
