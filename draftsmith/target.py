@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import sys
 from dataclasses import InitVar, dataclass
 from pathlib import Path
@@ -308,11 +309,51 @@ def resolve_source(spec: str) -> tuple[str, dict]:
     return spec, {}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+DOWNLOAD = "huggingface-cli download ORG/NAME --local-dir DIR"
+
+
+def missing_tokenizer(folder: Path) -> str | None:
+    """Why a local target folder has no tokenizer to load (None when it has its files)."""
+    if any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken")):
+        return None
+    return (f"{folder} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}, "
+            "*.tiktoken); copy them from the model's repository into it, or download the whole "
+            f"model (`{DOWNLOAD}`) and pass DIR")
+
+
+def weights_problem(folder: Path) -> str | None:
+    """Why a local target folder's weights cannot load: none at all (a config-only folder), or
+    only pickles (`pytorch_model.bin`), which can run code when loaded; None with safetensors."""
+    if any(folder.glob("*.safetensors")):
+        return None
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if not pickles:
+        also = " and no tokenizer files" if missing_tokenizer(folder) else ""
+        return (f"{folder} holds no weights (no *.safetensors){also}: it is not a whole "
+                f"transformers folder; download the model (`{DOWNLOAD}`) and pass DIR")
+    return (f"{folder} holds its weights only as a pickle ({', '.join(pickles[:3])}), which can "
+            "run code when loaded; draftsmith loads safetensors only. Convert it once, where you "
+            "trust the file: `python -c \"from transformers import AutoModelForCausalLM as M; "
+            f"M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\"` (then copy "
+            "the tokenizer files over) and pass the new folder, or download the model's "
+            f"safetensors (`{DOWNLOAD}`)")
+
+
 def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
-    """Load only the tokenizer of a target spec (same resolution as `load_target`)."""
+    """Load only the tokenizer of a target spec (same resolution as `load_target`).
+
+    Raises:
+        DraftsmithError: no tokenizer (a local folder without its files: named), or one that
+            does not load.
+    """
     from transformers import AutoTokenizer
 
     source, kwargs = resolve_source(spec)
+    if not kwargs and Path(source).is_dir() and (why := missing_tokenizer(Path(source))):
+        raise DraftsmithError(f"cannot load the tokenizer of target {spec!r}: {why}")
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError) as err:
@@ -341,6 +382,8 @@ def load_target(
 
     torch_device = resolve_device(device)
     source, kwargs = resolve_source(spec)
+    if not kwargs and Path(source).is_dir() and (why := weights_problem(Path(source))):
+        raise DraftsmithError(f"cannot load target {spec!r}: {why}")
     choice = _choose_dtype(spec, (source, kwargs), dtype, device, trust_remote_code)
     torch_dtype = resolve_dtype(choice.dtype)
     tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
@@ -352,5 +395,10 @@ def load_target(
         )
     except (OSError, ValueError) as err:
         raise DraftsmithError(f"could not load target {spec!r}: {err}") from err
+    except pickle.UnpicklingError as err:  # a Hub repo or cache whose weights are pickles
+        raise DraftsmithError(
+            f"could not load target {spec!r}: its weights are a pickle that torch refuses to load "
+            f"({str(err).splitlines()[0]}); draftsmith loads safetensors only: download the "
+            f"model's safetensors (`{DOWNLOAD}`) or convert it where you trust the file") from None
     model.to(torch_device).eval().requires_grad_(False)
     return Target(model=model, tokenizer=tokenizer, spec=spec, dtype_choice=choice)
