@@ -81,13 +81,21 @@ def seed_extension(base: dict, base_folder: Path, folder: Path, raw: dict, label
     that already holds a checkpoint is an extension under way and is left as it is.
 
     Raises:
-        DraftsmithError: BASE kept no checkpoint from before its decay.
+        DraftsmithError: BASE kept no checkpoint (deleted), or none from before its decay.
     """
     if complete_checkpoints(folder):
         return
     now = flatten_settings(json.loads(json.dumps(raw, default=str)))
+    kept = complete_checkpoints(base_folder)
+    if not kept:
+        raise DraftsmithError(
+            f"kinds.{label} extends {base['label']}, but {base['label']}'s run keeps no complete "
+            f"checkpoint ({base_folder / 'checkpoints'} is missing or empty: deleted after it "
+            "trained?), and an extension resumes that run from one written before its decay. "
+            f"Delete {base_folder} so that the benchmark trains {base['label']} again (its "
+            f"checkpoints kept), or train {label} as a drafter of its own")
     chosen = None
-    for checkpoint in reversed(complete_checkpoints(base_folder)):
+    for checkpoint in reversed(kept):
         progress = read_progress(checkpoint)
         if budget_extendable(progress, progress["run"]["settings"], now):
             chosen = checkpoint, progress
