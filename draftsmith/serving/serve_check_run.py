@@ -291,6 +291,24 @@ def measure_divergences(float32_target: Callable, ids: list[list[int]], plain, r
             record["tie_gap"] = gap
 
 
+def unrecognized_pre_tokenizer(message: str, target_dir: Path) -> str | None:
+    """What to do when llama.cpp's converter stopped at the target tokenizer's pre-tokenizer
+    (`BPE pre-tokenizer was not recognized`), or None for another failure. A draft GGUF carries
+    the target's vocabulary, which the converter reads from `target_dir`; it knows a BPE
+    tokenizer only by the hash of its output on a fixed text, and a tokenizer rebuilt from a GGUF
+    (the offline catalog's) can hash differently from the upstream one it came from."""
+    if "pre-tokenizer was not recognized" not in message:
+        return None
+    return (f"llama.cpp's convert_hf_to_gguf.py does not recognize the BPE pre-tokenizer of the "
+            f"target tokenizer in {target_dir} (it knows tokenizers by the hash of their output "
+            "on a fixed text; one rebuilt from a GGUF, as the offline models' are, can differ "
+            "from the upstream one), so it cannot write the draft GGUF's vocabulary. Next: pass "
+            "as --target a folder with the model's upstream tokenizer (`huggingface-cli download "
+            "ORG/NAME --local-dir DIR`, the Hub id `draftsmith models list` names for an offline "
+            "model), or check the export with --engine vllm, which reads the Hugging Face folders "
+            "as they are")
+
+
 def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[list[int]],
                    settings: ServeCheckSettings, spec_type: str, out_dir: Path, log) -> tuple:
     """(plain run, the first draft type's speculative run, what served them, {draft type:
@@ -299,10 +317,14 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
     from draftsmith.export.gguf import convert_to_gguf
 
     types = settings.draft_outtypes
-    drafts = {outtype: convert_to_gguf(  # a draft the converter refuses fails before any run
-        export_dir, target_dir, out_dir / ("draft.gguf" if outtype == "f32" else
-                                           f"draft-{outtype}.gguf"), log, outtype)
-        for outtype in types}
+    try:
+        drafts = {outtype: convert_to_gguf(  # a draft the converter refuses fails before any run
+            export_dir, target_dir, out_dir / ("draft.gguf" if outtype == "f32" else
+                                               f"draft-{outtype}.gguf"), log, outtype)
+            for outtype in types}
+    except DraftsmithError as err:
+        raise DraftsmithError(unrecognized_pre_tokenizer(str(err), target_dir) or str(err)) \
+            from None
     plain = run_engine(gguf, ids, settings, out_dir / "engine_plain.log", log=log)
     runs = {}
     for outtype, draft_gguf in drafts.items():
