@@ -129,6 +129,19 @@ EAGLE1_BIASED_FC_NOT_IN_VLLM = (
     "serve a different drafter. Serve it with SGLang (`--speculative-algorithm EAGLE`), or "
     "retrain with `drafter.fc_bias: false` (the default) for vLLM")
 
+DFLASH_DRAFT_VOCAB_NOT_IN = {
+    engine: (f"it drafts over a reduced draft vocabulary (drafter.draft_vocab_size: its own "
+             f"head of Vd rows and d2t), which {reader}, so {name} would draft with the target's "
+             "full head: another drafter than the one trained and evaluated. Serve it with vLLM "
+             "(`--format dflash` or `dflash-speculators`: vLLM loads d2t and the reduced head), "
+             f"or retrain with the full vocabulary (drafter.draft_vocab_size unset) for {name}")
+    for engine, name, reader in (
+        ("sglang", "SGLang", "SGLang's DFlash (0.5.23, models/dflash.py) ignores: it declares "
+                             "no draft head and skips d2t"),
+        ("llama.cpp", "llama.cpp", "llama.cpp's DFlash GGUF converter (xllamacpp 2026.10.11549) "
+                                   "drops"))}
+
+
 def block_aux_layers(num_layers: int, config) -> list[int]:
     """The target layer outputs a block drafter (DFlash, DSpark) fuses."""
     return config.target_layer_ids or dflash_layer_ids(num_layers, config.num_layers)
@@ -219,6 +232,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,
             engine_methods={"vllm": "dflash", "sglang": "DFLASH", "llama.cpp": "draft-dflash"},
+            unserved_by=lambda cfg: dict(DFLASH_DRAFT_VOCAB_NOT_IN) if cfg.draft_vocab_size
+            else {},
         ),
         DrafterSpec(
             kind="dspark",

