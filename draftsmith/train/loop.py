@@ -1,13 +1,15 @@
 """The training loop: one loop for every drafter kind, on accelerate (CPU, one GPU, DDP or FSDP).
 
-Reads top to bottom: set up accelerate, load the frozen target, build the drafter from the
-registry, split the data, optionally resume (the same run only, see resume.py), then per step
-compute the target's features (online) and the drafter's own loss; never branches on the kind.
+Reads top to bottom: `run_training` sets up accelerate and the run's parts (`setup.py`: target,
+data, drafter from the registry, optimizer), and a `Trainer` resumes the same run if it can
+(`resume.py`), then steps: the drafter's own loss on the target's features (online or cached),
+never a branch on the kind. Each concern of a step is a part of its own: the budget
+(`budget_clock.py`), stop signals (`stop_signal.py`), the held-out evaluation (`evaluation.py`),
+checkpoints (`checkpoint.py`), divergence (`divergence.py`) and the metrics log (`metrics.py`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,35 +18,19 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.shards import budget_line
-from draftsmith.errors import DraftsmithError
-from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.precision import choose_mixed_precision
 from draftsmith.process_group import leave_process_group
-from draftsmith.registry import get_spec
-from draftsmith.train.batching import ExampleBatches
-from draftsmith.train.budget import BudgetPlanner, StepSchedule, revised_total
+from draftsmith.train.budget_clock import BudgetClock
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import save_drafter, save_state
 from draftsmith.train.divergence import check_loss, check_weights
-from draftsmith.train.draft_vocab import install_draft_vocab
-from draftsmith.train.joint import wrap_with_lora
-from draftsmith.train.loss_module import LossModule, init_from_first_batch
-from draftsmith.train.metrics import MetricsLog, simulated_tau
-from draftsmith.train.optimizers import build_optimizer
+from draftsmith.train.evaluation import evaluate
+from draftsmith.train.metrics import MetricsLog
 from draftsmith.train.recipe import Recipe
-from draftsmith.train.resume import (
-    changed_settings,
-    check_same_run,
-    find_resume_checkpoint,
-    flatten_settings,
-    load_checkpoint,
-    read_progress,
-    run_record,
-    scheduler_state,
-    setting_differences,
-)
+from draftsmith.train.resume import finished_drafter, resume_run, scheduler_state
+from draftsmith.train.setup import TrainingSetup, build_training
 from draftsmith.train.stop_signal import StopRequest, stop_exit_code
-from draftsmith.train.target_parts import gathered, holds_whole, local_numel
+from draftsmith.train.target_parts import local_numel
 
 
 def make_accelerator(recipe: Recipe):
@@ -70,32 +56,6 @@ def make_accelerator(recipe: Recipe):
     )
 
 
-@torch.no_grad()
-def evaluate(model: LossModule, batches, accelerator) -> dict:
-    """Mean per-position accuracy (against the target's own choices) and simulated tau, over
-    every process's held-out batches. Every process reaches the one collective whatever its data
-    held (a process without a batch adds nothing), so none waits for one that returned early."""
-    from accelerate.utils import gather_object
-
-    model.eval()
-    sums: dict[str, float] = {}
-    count = 0
-    for batch in batches:
-        _, metrics = model({k: v.to(accelerator.device) for k, v in batch.items()})
-        for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
-        count += 1
-    model.train()
-    parts = gather_object([(sums, count)]) if accelerator.num_processes > 1 else [(sums, count)]
-    total = sum(n for _, n in parts)
-    if not total:
-        return {}
-    keys = sorted({key for part, _ in parts for key in part})
-    means = {k: sum(part.get(k, 0.0) for part, _ in parts) / total for k in keys}
-    accs = [means[f"acc_{k}"] for k in range(len(means)) if f"acc_{k}" in means]
-    return {**{f"eval/{k}": v for k, v in means.items()}, "eval/simulated_tau": simulated_tau(accs)}
-
-
 def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None,
                  accelerator=None, draft_vocab=None) -> Path:
     """Train a drafter on tokenized `examples` ({"input_ids", "loss_mask"} lists of ints), or on
@@ -113,188 +73,176 @@ def run_training(recipe: Recipe, examples: list[dict] | CacheStream, target=None
     """
     from accelerate.utils import set_seed
 
-    cfg = recipe.train
-    finished = _finished_drafter(Path(cfg.output_dir), recipe)
+    finished = finished_drafter(Path(recipe.train.output_dir), recipe)
     if finished is not None:
         print(f"{finished} is already trained by this recipe; delete it or set another "
               "train.output_dir to train again", file=sys.stderr)
         return finished
     start = time.perf_counter()  # train.max_minutes counts from here to saving the drafter
     accelerator = accelerator or make_accelerator(recipe)
-    set_seed(cfg.seed)
-    out_dir = Path(cfg.output_dir)
-    spec = get_spec(recipe.kind)
-    drafter_config = recipe.drafter_config()
-
+    set_seed(recipe.train.seed)
     if target is None:
         target = recipe.target.load(device="cpu").model
-    target.requires_grad_(False).eval()
-    if holds_whole(target):  # a sharded or partly loaded target is already on its device
-        target.to(accelerator.device)
-    data = examples if isinstance(examples, CacheStream) else \
-        ExampleBatches(examples, cfg, accelerator)
-    record = run_record(recipe, target, data.fingerprint(), accelerator.num_processes)
-    drafter = spec.build(target.config, drafter_config)
-    if spec.uses_draft_vocab:
-        install_draft_vocab(drafter, draft_vocab, target.config.get_text_config().vocab_size)
-    with gathered(target.get_input_embeddings(), target.get_output_embeddings()):
-        drafter.init_from_target(target)
-    if cfg.gradient_checkpointing and not set_gradient_checkpointing(drafter, True):
-        accelerator.print(f"train.gradient_checkpointing: the {recipe.kind} drafter has no "
-                          "decoder layer to recompute; nothing changes")
-    aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
-    joint = spec.trains_target(drafter_config)
-    init_from_first_batch(drafter, target, data, aux_layers, accelerator)
-    if joint:
-        target = wrap_with_lora(target, drafter_config)
+    trainer = Trainer(recipe, build_training(recipe, examples, target, accelerator, draft_vocab),
+                      accelerator, start)
+    trainer.fit()
+    return trainer.finish()
 
-    model = LossModule(drafter, spec, target, aux_layers, joint)
-    # Medusa-2: the backbone's adapters learn 4x slower than the heads
-    optimizer = build_optimizer(drafter, cfg, [p for p in target.parameters() if p.requires_grad]
-                                if joint else None, sharded=accelerator.distributed_type == "FSDP",
-                                device=accelerator.device)
-    schedule = StepSchedule(cfg.warmup_steps, cfg.max_steps, cfg.schedule, cfg.decay_fraction)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # The schedule counts optimizer steps. A prepared scheduler would step once per process
-    # (accelerate's sample-based convention), so it is stepped here, and its position is saved in
-    # progress.json (accelerate's custom-object checkpoints are pickles it loads unguarded).
 
-    step, progress_state = 0, {}
-    resume = find_resume_checkpoint(accelerator, out_dir)
-    if resume is not None:  # a refused resume changes nothing (the metrics log is cut after)
-        progress_state = read_progress(resume)
-        check_same_run(resume, progress_state, record)
-        load_checkpoint(accelerator, resume, scheduler, progress_state)
-        step = progress_state["step"]
-        schedule.total = progress_state["total_steps"]
-        accelerator.print(f"resuming from {resume} at step {step} of {schedule.total}")
-        minutes_then = progress_state["run"]["settings"].get("train.max_minutes")
-        if cfg.max_minutes is not None and minutes_then not in (None, cfg.max_minutes):
-            accelerator.print(f"train.max_minutes={cfg.max_minutes:g} (the run started with "
-                              f"{minutes_then:g}): the rest of the run is planned to the new "
-                              "budget, minutes spent before included")
-    # with a budget the total follows the measured pace (`planned`: the total is final); a
-    # resumed run starts from its checkpoint's total, schedule and minutes spent
-    budget = progress_state.get("budget") or {}
-    planner = None if cfg.max_minutes is None or progress_state.get("planned", False) else \
-        BudgetPlanner(cfg.max_minutes * 60, cfg.max_steps, budget.get("spent_seconds", 0.0))
-    plans = budget.get("plans", 0)  # plans made so far (the first one is always taken)
-    if budget.get("anchor"):
-        schedule.anchor = tuple(budget["anchor"])
+class Trainer:
+    """One run's steps over its parts: resumed from its newest checkpoint where it has one,
+    then `fit` (the optimizer steps, with evaluations, checkpoints, the budget's plans and a stop
+    on a signal) and `finish` (the final evaluation and the drafter saved).
 
-    if cfg.wandb:
-        accelerator.init_trackers(cfg.wandb_project, config=recipe.to_dict())
-    log = MetricsLog(out_dir / "metrics.jsonl", accelerator)
-    log.truncate_after(step)
-    if resume is not None:  # the rows after it count `seconds` from this process's start
-        log.write({"step": step, "resumed": 1})
-    held = accelerator.gather(torch.tensor([local_numel(target)], device=accelerator.device))
-    held = [int(n) for n in held]  # recorded with the drafter: the target's share on each rank
-    accelerator.print(f"frozen target parameters held per rank: {', '.join(f'{n:,}' for n in held)}")
-    micro_per_epoch = data.batches_per_epoch
-    micro_done = step * cfg.grad_accum  # where the data stream is: epoch and batches done
-    if "data_stream" in progress_state:  # recorded by checkpoints since the streamed cache
-        stream = progress_state["data_stream"]
-        micro_done = stream["epoch"] * micro_per_epoch + stream["batches_done"]
-    progress = _progress_bar(accelerator, schedule.total, step)
-    step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
-    padded_tokens = 0  # and with padding: what the step computes on (its cost)
-    paused = False  # an evaluation or a checkpoint ran since the last step
-    with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
-        while step < schedule.total:
-            epoch = micro_done // micro_per_epoch
-            for batch in data.train_batches(epoch, micro_done - epoch * micro_per_epoch):
-                batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                with accelerator.accumulate(model):
-                    with accelerator.autocast():
-                        loss, metrics = model(batch)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and cfg.clip > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
-                    optimizer.step()
-                    if accelerator.sync_gradients:
-                        scheduler.step()
-                    optimizer.zero_grad()
-                micro_done += 1
-                step_tokens += int(batch["attention_mask"].sum())
-                padded_tokens += batch["input_ids"].numel()
-                if not accelerator.sync_gradients:
-                    continue
-                step += 1
-                loss, metrics = mean_over_processes(accelerator, loss, metrics)
-                # summed with this step's tokens: a stop requested on any process stops every one
-                counts = accelerator.reduce(torch.tensor(
-                    [step_tokens, *stop_request.counts()], device=accelerator.device), "sum")
-                tokens, stop_code = int(counts[0]), stop_exit_code(*counts[1:].tolist())
-                stopping = stop_code is not None
-                step_tokens = 0
-                loss = float(loss)  # the step's one read of the loss (the same on every rank)
-                check_loss(loss, step, cfg, out_dir)
-                row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0],
-                       **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
-                       "seconds": time.perf_counter() - start}
-                log.write(row)
-                progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}",
-                                     acc0=f"{float(metrics['acc_0']):.2f}")
-                if planner is not None:
-                    revisable = schedule.revisable(step)
-                    planner.record(row["seconds"], padded_tokens, paused)
-                    # an eval batch costs <= a step
-                    final_steps = data.num_eval_batches() / cfg.grad_accum
-                    if planner.ready() and step < schedule.total and _plan_total(
-                            accelerator, cfg, planner, schedule, step, row["seconds"], final_steps,
-                            plans == 0, log):
-                        plans += 1
-                        progress.total = schedule.total
-                        progress.refresh()
-                    if plans and revisable and not schedule.revisable(step):
-                        accelerator.print(
-                            f"train.max_minutes={cfg.max_minutes:g}: {schedule.total} steps from "
-                            f"step {step} on ({cfg.schedule}: a new total would change the "
-                            "learning rate); only a pace that would miss the budget re-times the "
-                            "rest of the decay")
-                padded_tokens, paused = 0, False
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < schedule.total \
-                        and not stopping:  # a stop saves at once
-                    log.write({"step": step, **evaluate(model, data.eval_batches(), accelerator)})
-                    paused = True
-                if (stopping or (cfg.save_every and step % cfg.save_every == 0)) and \
-                        step < schedule.total:
-                    spent = {} if planner is None else {"budget": {
-                        "spent_seconds": planner.spent_before + row["seconds"], "plans": plans,
-                        "anchor": schedule.anchor}}
-                    stream = {"epoch": micro_done // micro_per_epoch,
-                              "batches_done": micro_done % micro_per_epoch}
-                    check_weights(accelerator, model, step, cfg, out_dir)
-                    save_state(accelerator, out_dir, step,
-                               {"total_steps": schedule.total, "planned": planner is None, **spent,
-                                "scheduler": scheduler_state(scheduler), "run": record,
-                                "data_stream": stream},
-                               keep=cfg.keep_checkpoints)
-                    paused = True
-                if stopping and step < schedule.total:
-                    _stop(accelerator, progress, stop_code, step, out_dir)
-                if step >= schedule.total:
-                    break
-    progress.close()
-    final_eval = evaluate(model, data.eval_batches(), accelerator)
-    log.write({"step": step, **final_eval})
-    check_weights(accelerator, model, step, cfg, out_dir)
-    unwrapped = accelerator.unwrap_model(model)
-    # the budget clock over every process of the run, where it ran with one from the start
-    spent = None if cfg.max_minutes is None or not (planner or "spent_seconds" in budget) else \
-        time.perf_counter() - start + (planner.spent_before if planner else budget["spent_seconds"])
-    path = save_drafter(accelerator, unwrapped.drafter, recipe, target.config, step, final_eval,
-                        out_dir, lora_target=unwrapped.target if joint else None,
-                        target_parameters_per_rank=held, train_seconds=spent)
-    if spent is not None:
-        accelerator.print(budget_line("train.max_minutes", spent, cfg.max_minutes)
-                          + f", {step} steps, from building the drafter to saving it")
-    accelerator.end_training()
-    leave_process_group(finished=True)  # several CPU processes end here, their models still held
-    return path
+    Args:
+        recipe: the validated recipe.
+        parts: the run's built parts (`build_training`).
+        accelerator: the run's Accelerator.
+        start: the run's clock at its start (`time.perf_counter()`; the budget counts from it).
+    """
+
+    def __init__(self, recipe: Recipe, parts: TrainingSetup, accelerator, start: float):
+        self.recipe, self.cfg, self.parts = recipe, recipe.train, parts
+        self.accelerator, self.start = accelerator, start
+        self.out_dir = Path(self.cfg.output_dir)
+        self.step, progress = resume_run(accelerator, self.out_dir, parts.record,
+                                         parts.scheduler, parts.schedule, self.cfg)
+        if self.cfg.wandb:
+            accelerator.init_trackers(self.cfg.wandb_project, config=recipe.to_dict())
+        self.log = MetricsLog(self.out_dir / "metrics.jsonl", accelerator)
+        self.log.truncate_after(self.step)
+        if progress:  # the rows after it count `seconds` from this process's start
+            self.log.write({"step": self.step, "resumed": 1})
+        self.budget = BudgetClock(self.cfg, parts.schedule, progress, accelerator, self.log)
+        held = accelerator.gather(torch.tensor([local_numel(parts.target)],
+                                               device=accelerator.device))
+        self.held = [int(n) for n in held]  # recorded with the drafter: each rank's target share
+        accelerator.print("frozen target parameters held per rank: "
+                          f"{', '.join(f'{n:,}' for n in self.held)}")
+        # where the data stream is: batches done over all epochs (recorded since the cache stream)
+        stream = progress.get("data_stream")
+        self.micro_done = self.step * self.cfg.grad_accum if stream is None else \
+            stream["epoch"] * parts.data.batches_per_epoch + stream["batches_done"]
+        self.step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
+        self.padded_tokens = 0  # and with padding: what the step computes on (its cost)
+        self.paused = False  # an evaluation or a checkpoint ran since the last step
+        self.last: tuple = ()  # the latest micro-step's (loss, metrics)
+        self.progress = None
+
+    def fit(self) -> None:
+        """Optimizer steps until the schedule's total (which a budget may re-plan); a stop signal
+        saves a checkpoint after the step in progress and ends the process (`_stop`)."""
+        data, schedule = self.parts.data, self.parts.schedule
+        per_epoch = data.batches_per_epoch
+        self.progress = _progress_bar(self.accelerator, schedule.total, self.step)
+        with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
+            while self.step < schedule.total:
+                epoch = self.micro_done // per_epoch
+                for batch in data.train_batches(epoch, self.micro_done - epoch * per_epoch):
+                    if self._micro_step(batch) and self._end_step(stop_request):
+                        break
+        self.progress.close()
+
+    def finish(self) -> Path:
+        """The final evaluation, then the drafter saved (with the budget's minutes spent)."""
+        accelerator, parts = self.accelerator, self.parts
+        final_eval = evaluate(parts.model, parts.data.eval_batches(), accelerator)
+        self.log.write({"step": self.step, **final_eval})
+        check_weights(accelerator, parts.model, self.step, self.cfg, self.out_dir)
+        unwrapped = accelerator.unwrap_model(parts.model)
+        spent = self.budget.spent(time.perf_counter() - self.start)
+        path = save_drafter(accelerator, unwrapped.drafter, self.recipe, parts.target.config,
+                            self.step, final_eval, self.out_dir,
+                            lora_target=unwrapped.target if parts.joint else None,
+                            target_parameters_per_rank=self.held, train_seconds=spent)
+        if spent is not None:
+            accelerator.print(budget_line("train.max_minutes", spent, self.cfg.max_minutes)
+                              + f", {self.step} steps, from building the drafter to saving it")
+        accelerator.end_training()
+        leave_process_group(finished=True)  # several CPU processes end here, models still held
+        return path
+
+    def _micro_step(self, batch: dict) -> bool:
+        """Forward, backward and (at the end of an accumulation) the optimizer's step on one
+        batch. Returns whether an optimizer step ended."""
+        accelerator, model, cfg = self.accelerator, self.parts.model, self.cfg
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        with accelerator.accumulate(model):
+            with accelerator.autocast():
+                loss, metrics = model(batch)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and cfg.clip > 0:
+                accelerator.clip_grad_norm_(model.parameters(), cfg.clip)
+            self.parts.optimizer.step()
+            if accelerator.sync_gradients:
+                self.parts.scheduler.step()
+            self.parts.optimizer.zero_grad()
+        self.micro_done += 1
+        self.step_tokens += int(batch["attention_mask"].sum())
+        self.padded_tokens += batch["input_ids"].numel()
+        self.last = (loss, metrics)
+        return accelerator.sync_gradients
+
+    def _end_step(self, stop_request: StopRequest) -> bool:
+        """After an optimizer step: its row logged (loss and metrics over every process), the
+        budget's plan, an evaluation and a checkpoint when due, a stop when signalled. Returns
+        whether the run has reached its total."""
+        accelerator, schedule = self.accelerator, self.parts.schedule
+        self.step += 1
+        loss, metrics = mean_over_processes(accelerator, *self.last)
+        # summed with this step's tokens: a stop requested on any process stops every one
+        counts = accelerator.reduce(torch.tensor(
+            [self.step_tokens, *stop_request.counts()], device=accelerator.device), "sum")
+        tokens, stop_code = int(counts[0]), stop_exit_code(*counts[1:].tolist())
+        self.step_tokens = 0
+        loss = float(loss)  # the step's one read of the loss (the same on every rank)
+        check_loss(loss, self.step, self.cfg, self.out_dir)
+        clock = time.perf_counter() - self.start
+        self.log.write({"step": self.step, "loss": loss,
+                        "lr": self.parts.scheduler.get_last_lr()[0],
+                        **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
+                        "seconds": clock})
+        self.progress.update(1)
+        self.progress.set_postfix(loss=f"{loss:.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
+        final_steps = self.parts.data.num_eval_batches() / self.cfg.grad_accum  # <= a step each
+        if self.budget.after_step(self.step, clock, self.padded_tokens, self.paused, final_steps):
+            self.progress.total = schedule.total
+            self.progress.refresh()
+        self.padded_tokens, self.paused = 0, False
+        self._evaluate_or_save(clock, stop_code)
+        return self.step >= schedule.total
+
+    def _evaluate_or_save(self, clock: float, stop_code: int | None) -> None:
+        """The held-out evaluation every `train.eval_every` steps and a checkpoint every
+        `train.save_every` (or at once on a stop, which then ends the process), before the
+        total; the final step's come from `finish`."""
+        cfg, step = self.cfg, self.step
+        if step >= self.parts.schedule.total:
+            return
+        stopping = stop_code is not None
+        if cfg.eval_every and step % cfg.eval_every == 0 and not stopping:  # a stop saves at once
+            self.log.write({"step": step, **evaluate(self.parts.model,
+                                                     self.parts.data.eval_batches(),
+                                                     self.accelerator)})
+            self.paused = True
+        if stopping or (cfg.save_every and step % cfg.save_every == 0):
+            self._save_checkpoint(clock)
+            self.paused = True
+        if stopping:
+            _stop(self.accelerator, self.progress, stop_code, step, self.out_dir)
+
+    def _save_checkpoint(self, clock: float) -> None:
+        """Checkpoint `step_N`, once every weight is finite: the state, the schedule's total and
+        position, the budget's state, the run's record and where the data stream is."""
+        parts, per_epoch = self.parts, self.parts.data.batches_per_epoch
+        check_weights(self.accelerator, parts.model, self.step, self.cfg, self.out_dir)
+        stream = {"epoch": self.micro_done // per_epoch,
+                  "batches_done": self.micro_done % per_epoch}
+        save_state(self.accelerator, self.out_dir, self.step,
+                   {"total_steps": parts.schedule.total, **self.budget.state(clock),
+                    "scheduler": scheduler_state(parts.scheduler), "run": parts.record,
+                    "data_stream": stream},
+                   keep=self.cfg.keep_checkpoints)
 
 
 def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
@@ -308,73 +256,6 @@ def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
         for k in names)])
     mean = accelerator.reduce(local, reduction="mean")
     return mean[0], dict(zip(names, mean[1:], strict=True))
-
-
-def _finished_drafter(out_dir: Path, recipe: Recipe) -> Path | None:
-    """OUTPUT_DIR/drafter when it holds a drafter trained by this very recipe; None when it holds
-    no finished drafter.
-
-    Raises:
-        DraftsmithError: it holds one trained by another recipe, which a run here would overwrite
-            (its weights and its metrics.jsonl), naming the settings that differ.
-    """
-    path = out_dir / "drafter" / "draftsmith_drafter.json"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    now, then = json.loads(json.dumps(recipe.to_dict(), default=str)), meta.get("recipe")
-    if now == then:
-        return path.parent
-    if not isinstance(then, dict):
-        return None  # written before drafters recorded their recipe
-    then, now = flatten_settings(then), flatten_settings(now)
-    changed = changed_settings(then, now)
-    shown = setting_differences(then, now, changed[:4], "there")
-    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-    raise DraftsmithError(
-        f"{path.parent} holds a drafter trained by another recipe ({shown}{more}); training here "
-        "would overwrite it and its metrics.jsonl: set another train.output_dir, or delete "
-        f"{out_dir} to train this recipe there")
-
-
-def _plan_total(accelerator, cfg, planner: BudgetPlanner, schedule: StepSchedule, step: int,
-                clock: float, final_steps: float, first: bool, log) -> bool:
-    """Plan (first) or revise the run's total from the measured pace, the same total on every
-    rank (rank 0's measurement decides); a change is logged (metrics.jsonl: `planned_steps`,
-    `previous_planned_steps`, `seconds_per_step`, `tokens_per_second`, `retimed`) and printed.
-    Returns whether the total changed."""
-    from accelerate.utils import broadcast
-
-    measured = torch.tensor([planner.plan(step, clock, final_steps), planner.seconds_per_step()],
-                            dtype=torch.float64, device=accelerator.device)
-    measured = broadcast(measured, from_process=0).tolist()
-    wanted, per_step, rate = int(measured[0]), measured[1], planner.tokens_per_second()
-    total = revised_total(schedule, step, wanted, first, per_step, planner.budget_seconds)
-    if total is None:
-        return False
-    previous = schedule.total
-    retimed = not schedule.revisable(step) or total < schedule.earliest_total(step)
-    schedule.revise(step, total)
-    row = {"step": step, "seconds_per_step": per_step, "tokens_per_second": rate,
-           "planned_steps": total}
-    pace = f"{per_step:.2f} s/step ({rate or 0:,.0f} padded tokens/s over the last " \
-           f"{len(planner.window)} steps)"
-    if first:
-        accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: {pace} measured here, so "
-                          f"{total} steps in all (train.max_steps={cfg.max_steps})")
-        if total <= cfg.warmup_steps:
-            accelerator.print(f"warning: {total} steps do not finish the {cfg.warmup_steps}-step "
-                              "warmup; lower train.warmup_steps or raise train.max_minutes")
-    else:
-        row["previous_planned_steps"] = previous
-        how = ", the rest of the decay re-timed" if retimed else ""
-        if retimed:
-            row["retimed"] = True
-        accelerator.print(f"train.max_minutes={cfg.max_minutes:g}: at step {step}, {pace}: "
-                          f"{previous} -> {total} steps in all{how}")
-    log.write(row)
-    return True
 
 
 def _stop(accelerator, progress, code: int, step: int, out_dir: Path) -> None:

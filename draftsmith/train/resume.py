@@ -281,3 +281,55 @@ def _restore_scheduler(scheduler, saved: dict, folder: Path) -> None:
                               f"{_start_over(folder)}")
     scheduler.load_state_dict({**common, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
 
+
+def resume_run(accelerator, out_dir: Path, record: dict, scheduler, schedule, cfg
+               ) -> tuple[int, dict]:
+    """Load the run's newest checkpoint, when it has one, into the prepared model, optimizer and
+    scheduler, after checking it belongs to this very run (`check_same_run`); a refused resume
+    changes nothing.
+
+    Returns:
+        (the step to go on from, its progress.json), or (0, {}) for a new run.
+    """
+    resume = find_resume_checkpoint(accelerator, out_dir)
+    if resume is None:
+        return 0, {}
+    progress = read_progress(resume)
+    check_same_run(resume, progress, record)
+    load_checkpoint(accelerator, resume, scheduler, progress)
+    schedule.total = progress["total_steps"]
+    accelerator.print(f"resuming from {resume} at step {progress['step']} of {schedule.total}")
+    minutes_then = progress["run"]["settings"].get("train.max_minutes")
+    if cfg.max_minutes is not None and minutes_then not in (None, cfg.max_minutes):
+        accelerator.print(f"train.max_minutes={cfg.max_minutes:g} (the run started with "
+                          f"{minutes_then:g}): the rest of the run is planned to the new "
+                          "budget, minutes spent before included")
+    return progress["step"], progress
+
+
+def finished_drafter(out_dir: Path, recipe) -> Path | None:
+    """OUTPUT_DIR/drafter when it holds a drafter trained by this very recipe; None when it holds
+    no finished drafter.
+
+    Raises:
+        DraftsmithError: it holds one trained by another recipe, which a run here would overwrite
+            (its weights and its metrics.jsonl), naming the settings that differ.
+    """
+    path = out_dir / "drafter" / "draftsmith_drafter.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    now, then = json.loads(json.dumps(recipe.to_dict(), default=str)), meta.get("recipe")
+    if now == then:
+        return path.parent
+    if not isinstance(then, dict):
+        return None  # written before drafters recorded their recipe
+    then, now = flatten_settings(then), flatten_settings(now)
+    changed = changed_settings(then, now)
+    shown = setting_differences(then, now, changed[:4], "there")
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise DraftsmithError(
+        f"{path.parent} holds a drafter trained by another recipe ({shown}{more}); training here "
+        "would overwrite it and its metrics.jsonl: set another train.output_dir, or delete "
+        f"{out_dir} to train this recipe there")

@@ -13,6 +13,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.registry import get_spec
 from draftsmith.train.batching import split_examples
 from draftsmith.train.loop import run_training
+from draftsmith.train.loss_module import LossModule
 from draftsmith.train.metrics import simulated_tau
 from draftsmith.train.recipe import build_recipe
 from tests.helpers.drafters import small_settings, training_cases, training_vocab
@@ -175,14 +176,14 @@ def test_max_minutes_holds_when_steps_get_slower_mid_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(loop, "choose_mixed_precision", lambda requested, device: ("no", "test"))
-    forward, calls = loop.LossModule.forward, []
+    forward, calls = LossModule.forward, []
 
     def slower_after_15(self, batch):
         calls.append(len(calls))
         time.sleep(0.04 if len(calls) <= 15 else 0.12)
         return forward(self, batch)
 
-    monkeypatch.setattr(loop.LossModule, "forward", slower_after_15)
+    monkeypatch.setattr(LossModule, "forward", slower_after_15)
     recipe = recipe_for("eagle1", tmp_path, max_steps=1000, max_minutes=0.15, warmup_steps=2)
     target = tiny_target("llama")
     start = time.perf_counter()
