@@ -61,6 +61,41 @@ def remove_interrupted_saves(out_dir: Path) -> list[Path]:
     return partial
 
 
+def check_shared_output(accelerator, out_dir: Path) -> None:
+    """Several processes write into one checkpoint folder that the main process then renames, so
+    every process must see the same `train.output_dir`: one node, or a filesystem all the nodes
+    share. Each process leaves a marker there and checks it sees every other's; the verdicts are
+    gathered, so all processes go on or all stop together.
+
+    Raises:
+        DraftsmithError: some process does not see the others' markers (local disks per node).
+    """
+    import os
+
+    from accelerate.utils import gather_object
+
+    from draftsmith.errors import DraftsmithError
+
+    if accelerator.num_processes == 1:
+        return
+    rank, world = accelerator.process_index, accelerator.num_processes
+    folder = state_dir(out_dir) / ".ranks"
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{rank}-{os.getpid()}"
+    mine.write_text(os.uname().nodename)
+    names = gather_object([mine.name])  # a barrier too: every marker is written
+    seen = all((folder / name).is_file() for name in names)
+    verdicts = gather_object([(rank, os.uname().nodename, seen)])
+    mine.unlink(missing_ok=True)
+    blind = [f"rank {r} on {node}" for r, node, ok in verdicts if not ok]
+    if blind:
+        raise DraftsmithError(
+            f"train.output_dir={out_dir} is not one folder for all {world} processes: "
+            f"{', '.join(blind)} cannot see the others' files there (a disk local to each node?). "
+            "Checkpoints are written by every process into one folder; put train.output_dir on a "
+            "filesystem every node shares (NFS, Lustre, a cloud filesystem)")
+
+
 def save_state(accelerator, out_dir: Path, step: int, progress: dict,
                keep: int | None = None) -> Path:
     """Write checkpoint `step_N`: model and optimizer (accelerate), every process's random

@@ -22,7 +22,7 @@ from draftsmith.precision import choose_mixed_precision
 from draftsmith.process_group import leave_process_group
 from draftsmith.train.budget_clock import BudgetClock
 from draftsmith.train.cache_stream import CacheStream
-from draftsmith.train.checkpoint import save_drafter, save_state
+from draftsmith.train.checkpoint import check_shared_output, save_drafter, save_state
 from draftsmith.train.divergence import check_loss, check_weights
 from draftsmith.train.evaluation import evaluate
 from draftsmith.train.metrics import MetricsLog
@@ -105,6 +105,7 @@ class Trainer:
         self.recipe, self.cfg, self.parts = recipe, recipe.train, parts
         self.accelerator, self.start = accelerator, start
         self.out_dir = Path(self.cfg.output_dir)
+        check_shared_output(accelerator, self.out_dir)
         self.step, progress = resume_run(accelerator, self.out_dir, parts.record,
                                          parts.scheduler, parts.schedule, self.cfg)
         if self.cfg.wandb:

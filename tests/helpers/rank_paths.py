@@ -91,6 +91,15 @@ def main(out: Path, target_dir: Path, intact: Path, damaged: Path) -> None:
         stream_cache(run, damaged, loaded, accelerator)
     except DraftsmithError as err:
         seen["refused"] = str(err)
+    # checkpoints need one output folder for every process: a folder each sees alone (as a
+    # disk local to each node would be) is refused on every rank
+    from draftsmith.train.checkpoint import check_shared_output
+
+    check_shared_output(accelerator, out / "shared")
+    try:
+        check_shared_output(accelerator, out / f"local-{rank}")
+    except DraftsmithError as err:
+        seen["local_output_refused"] = str(err)
     (out / f"rank-{rank}.json").write_text(json.dumps(seen))
     accelerator.wait_for_everyone()
 

@@ -2,7 +2,8 @@
 every multi-rank path of training with deliberately unequal data per rank, within a timeout.
 Before: `evaluate` returned before its reduce on a rank without a held-out batch, DFlash's
 `init_from_data` before its collective on a rank without a valid row, offline held-out batches
-differed by one between ranks, and a rank-0-only error left the others waiting."""
+differed by one between ranks, and a rank-0-only error left the others waiting. Checkpoints need
+one output folder that every process sees: per-rank folders (local disks) are refused on all."""
 
 from __future__ import annotations
 
@@ -59,3 +60,7 @@ def test_every_multi_rank_path_finishes_with_unequal_data_per_rank(tmp_path):
     assert ranks[0]["eval_batches"][:2] == ranks[1]["eval_batches"][:2] == [held // 2] * 2
     assert "shard-00001.safetensors does not match the sha256" in ranks[1]["refused"]
     assert "another process's message names them" in ranks[0]["refused"]
+    for rank in ranks:
+        assert "cannot see the others' files there" in rank["local_output_refused"]
+        assert "rank 0 on" in rank["local_output_refused"] and "rank 1 on" in rank[
+            "local_output_refused"]
