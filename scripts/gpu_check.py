@@ -1,14 +1,33 @@
-"""One short check of draftsmith on a GPU, sized for a lent machine's few minutes: each stage runs
+"""One short check of draftsmith on a GPU, sized for a lent machine's ten minutes: each stage runs
 the real code path a GPU user runs and writes what it found to OUT/gpu_check.json (after every
 stage, so a run cut short keeps what it did), its commands' output to OUT/*.log.
 
     python scripts/gpu_check.py --out DIR [--device cuda] [--stages env,gate,...] [--small]
+        [--deadline 600] [--time-scale 1]
 
-Stages:
+Each stage runs in a process of its own, in a session of its own; a stage that outlives its time
+is killed whole: its process group and every process it started, torch's elastic workers
+included (they start sessions of their own), so no worker keeps the GPU. The run has one
+deadline (`--deadline` seconds, default 10 minutes): each stage's time is its own limit or what
+is left, whichever is less, a command inside a stage is capped the same way, and a stage with
+too little time left is recorded as skipped.
+
+Stages, in the order they run:
+  env       the machine: GPU, driver, CUDA, torch and transformers versions
   gate      `draftsmith eval --check-lossless --device cuda`: every registered drafter kind and
             variant (random drafters on a tiny random target), each default tree, chain and
             prompt-lookup hybrid, at batch sizes 1 and 2, float32 greedy; then the sampling gate
             (chi-square of the first tokens) for one kind per family
+  attention which attention kernel runs (torch's scaled_dot_product_attention backends, by the
+            profiler) in the target's prefill, one-token decode and tree verification, and in an
+            EAGLE-3 training step, at the 8B target's attention shapes
+  checkpointing  one EAGLE-3 training step of the 8B recipe's drafter (2 x 2,048 tokens, 7 TTT
+            steps, 32K draft vocabulary) with and without `train.gradient_checkpointing`: the
+            same loss and gradients, and the peak GPU memory of each
+  resume    `accelerate launch -m draftsmith.train` stopped by SIGTERM mid-run (it saves a
+            checkpoint), run again (it resumes), against an uninterrupted run: the same weights
+  offline   `draftsmith data run` (regeneration and the hidden-state cache on the GPU), then
+            `train.features=offline` training from that cache
   train     `accelerate launch -m draftsmith.train` (bf16 mixed precision, dtype auto) of EAGLE-3,
             DFlash and Medusa-2 (joint LoRA via peft) on the tiny target, EAGLE-3 again under the
             FSDP2 config with one process, then the default `draftsmith eval --device cuda` of
@@ -16,19 +35,22 @@ Stages:
   target8b  the Llama-3.1-8B EAGLE-3 recipe's training step (batch 2 x grad_accum 2 x 2,048
             tokens, every position trained) on a randomly initialised target of the real shapes:
             peak GPU memory against `draftsmith plan` for this GPU, and seconds per step
-  profile   plain decoding of the tiny target, draftsmith's loop against transformers' generate,
-            with the loop's operators by CPU time
   verify    the verify-cost curve of that target (bf16, batch 1, after 512 tokens) and plain
             decoding tokens/s through draftsmith's runner against transformers' generate
---small shrinks the 8B target to 4 layers of width 512 (to try the script on a CPU).
+  profile   plain decoding of the tiny target, draftsmith's loop against transformers' generate,
+            with the loop's operators by CPU time
+--small shrinks the 8B target to 4 layers of width 512 and the 8B steps to 128 tokens, and
+--time-scale multiplies every stage's own limit (both to try the script on a CPU, e.g.
+`--device cpu --small --time-scale 5 --deadline 1800`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,306 +59,169 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-STAGES = ("env", "gate", "target8b", "verify", "train", "profile")
-RECIPE_8B = ROOT / "recipes" / "llama-3.1-8b" / "eagle3.yaml"
-TARGET_8B = "meta-llama/Llama-3.1-8B-Instruct"
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]  # the siblings, a checkout
+from gpu_check_stages import STAGES  # noqa: E402
+
+DEADLINE_SECONDS = 600
+MIN_STAGE_SECONDS = 15  # a stage with less time left than this is skipped
 
 
-class Check:
-    """The JSON record, rewritten after each stage."""
-
-    def __init__(self, out: Path, device: str):
-        self.out, self.device = out, device
-        self.record: dict = {"device": device, "stages": {}}
-        out.mkdir(parents=True, exist_ok=True)
-
-    def stage(self, name: str, work) -> None:
-        start = time.perf_counter()
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (Linux /proc), whatever session or group it is in."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            result = work()
-            result = {"ok": result.pop("ok_all", True), **result}
-        except Exception as err:  # a failed stage is the finding: record it and go on
-            result = {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000],
-                      "traceback": traceback.format_exc()[-4000:]}
-        result["seconds"] = round(time.perf_counter() - start, 1)
-        self.record["stages"][name] = result
-        (self.out / "gpu_check.json").write_text(json.dumps(self.record, indent=1) + "\n")
-        print(f"[{name}] {'ok' if result['ok'] else 'FAILED'} in {result['seconds']} s", flush=True)
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
-    def run(self, name: str, command: list[str], timeout: float = 300) -> dict:
-        """A command in its own process; its output to OUT/name.log; rc and the output's tail."""
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL a process started with `start_new_session=True`: its process group, then every
+    process below it in other groups (torch's elastic agent starts each rank in a session of its
+    own), repeated while any is left; then reap it."""
+    own = os.getpgrp()
+    for _ in range(5):
+        pids = [process.pid, *descendants(process.pid)] if process.poll() is None \
+            else descendants(process.pid)
+        groups = {process.pid}
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(pid))
+        for group in groups - {own}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
+        if not descendants(process.pid):
+            return
+
+
+class Stage:
+    """One stage's process: its record (rewritten to `path` after each step, so a stage killed
+    on its timeout keeps what it found), its device, its work folder, its end (time.time()) and
+    the factor its commands' time limits are scaled by (`--time-scale`)."""
+
+    def __init__(self, path: Path, out: Path, work: Path, device: str, small: bool,
+                 until: float, time_scale: float = 1.0):
+        self.path, self.out, self.work = path, out, work
+        self.device, self.small, self.until = device, small, until
+        self.time_scale = time_scale
+        self.record: dict = {}
+        self.cuda = device.startswith("cuda")
+
+    def save(self, **found) -> None:
+        """Add `found` to the record and rewrite it whole (a stage killed mid-write leaves the
+        previous record)."""
+        self.record.update(found)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
+        partial.replace(self.path)
+
+    def left(self) -> float:
+        return self.until - time.time()
+
+    def run(self, name: str, command: list[str], timeout: float = 300, stop_when=None) -> dict:
+        """A command in a session of its own, its output appended to OUT/name.log; killed whole
+        after `timeout` seconds (times the time scale) or at the stage's end, whichever comes
+        first. `stop_when()`, polled every 0.1 s, sends the command's process group SIGTERM once
+        it returns True (as a scheduler's preemption does). Returns its exit code ("timeout" or
+        "skipped"), seconds and the output's tail."""
+        timeout = min(timeout * self.time_scale, self.left() - 2)
+        log_path = self.out / f"{name}.log"
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            start_at = log.tell()
+        if timeout <= 0:
+            return {"rc": "skipped", "seconds": 0, "tail": "no time left in the stage"}
         start = time.perf_counter()
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                  env=env, cwd=ROOT)
-            rc, text = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as err:
-            rc, text = "timeout", f"{err.stdout or ''}{err.stderr or ''}"
-        with open(self.out / f"{name}.log", "a", encoding="utf-8") as log:
-            log.write(f"$ {' '.join(command)}\n{text}\n")
+        environ = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        with open(log_path, "a", encoding="utf-8") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ,
+                                       cwd=ROOT, start_new_session=True)
+            rc, stopped = None, False
+            try:
+                while rc is None:
+                    if time.perf_counter() - start > timeout:
+                        kill_tree(process)
+                        rc = "timeout"
+                        break
+                    if stop_when is not None and not stopped and stop_when():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(process.pid, signal.SIGTERM)
+                        stopped = True
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        rc = process.wait(timeout=0.1)
+            finally:
+                if process.poll() is None or descendants(process.pid):
+                    kill_tree(process)
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            log.seek(start_at)
+            text = log.read()
         return {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "tail": text[-1500:]}
 
 
-def draftsmith_cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "draftsmith", *args]
-
-
-def env_stage(device: str) -> dict:
-    import torch
-    import transformers
-
-    from draftsmith.precision import hardware_record
-
-    info = {**hardware_record(device), "python": platform.python_version(),
-            "transformers": transformers.__version__}
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_bytes=props.total_memory,
-                    cuda=torch.version.cuda, bf16=torch.cuda.is_bf16_supported())
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True)
-        info["nvidia_smi"] = smi.stdout.strip()
-    return info
-
-
-def gate_stage(check: Check, work: Path) -> dict:
-    from tests.helpers.gate import every_kind_gate, gate_args
-
-    setup = every_kind_gate(work / "gate")
-    device = ("--device", check.device)
-    greedy = check.run("gate", draftsmith_cli(*gate_args(setup, work / "greedy", extra=device)))
-    result = {"greedy": greedy | _lossless(work / "greedy")}
-    methods = ["plain", "prompt_lookup", "drafter@eagle3", "drafter@dflash", "drafter@dspark",
-               "drafter@medusa", "drafter@mtp", "drafter@eagle1"]
-    sampling = gate_args(setup, work / "sampling", methods, extra=(
-        *device, "--temperature", "1.0", "--lossless-samples", "60"))
-    sampling[sampling.index("--batch-size") + 1] = "1"
-    result["sampling"] = check.run("gate", draftsmith_cli(*sampling)) | _lossless(
-        work / "sampling")
-    result["ok_all"] = greedy["rc"] == 0 and result["sampling"]["rc"] == 0
-    return result
-
-
-def _lossless(folder: Path) -> dict:
-    path = folder / "eval.json"
-    if not path.is_file():
-        return {"eval_json": False}
-    check = json.loads(path.read_text()).get("lossless_check", {})
-    return {"checked": len(check.get("checked", [])), "failures": check.get("failures"),
-            "guarantee": check.get("guarantee")}
-
-
-def train_stage(check: Check, work: Path) -> dict:
-    import torch
-    import yaml
-
-    from tests.helpers.tiny_targets import save_target_and_draft
-
-    root = work / "train"
-    save_target_and_draft(root)
-    generator = torch.Generator().manual_seed(0)
-    with open(root / "data.jsonl", "w") as handle:
-        for _ in range(64):
-            ids = torch.randint(2, 128, (48,), generator=generator).tolist()
-            handle.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * 40}) + "\n")
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
-              "--num_machines", "1", "--dynamo_backend", "no"]
-    runs = {"eagle3": ({"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 3}, []),
-            "dflash": ({"kind": "dflash", "block_size": 4, "num_layers": 1,
-                        "anchors_per_sequence": 8}, []),
-            "medusa2": ({"kind": "medusa", "num_heads": 2, "lora": True, "lora_r": 4}, []),
-            "eagle3_fsdp": ({"kind": "eagle3", "draft_vocab_size": 128, "ttt_steps": 3},
-                            ["--config_file", str(ROOT / "recipes/accelerate/fsdp.yaml")])}
-    result, drafters = {}, []
-    for name, (drafter, config) in runs.items():
-        recipe = {"target": {"name": str(root / "target"), "dtype": "auto"}, "drafter": drafter,
-                  "data": {"tokenized": str(root / "data.jsonl")},
-                  "train": {"max_steps": 40, "warmup_steps": 0, "lr": 2e-3, "batch_size": 8,
-                            "eval_fraction": 0.0, "mixed_precision": "auto",
-                            "output_dir": str(root / name)}}
-        (root / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
-        mixed = [] if config else ["--mixed_precision", "bf16"]
-        command = [*launch, *config, *mixed, "-m", "draftsmith.train", "--config",
-                   str(root / f"{name}.yaml")]
-        result[name] = check.run("train", command, timeout=150)
-        meta = root / name / "drafter" / "draftsmith_drafter.json"
-        if meta.is_file():
-            saved = json.loads(meta.read_text())
-            keys = ("num_processes", "training_steps", "target_parameters_per_rank")
-            result[name]["saved"] = {k: saved.get(k) for k in keys}
-            drafters += ["--drafter", f"{name}={root / name / 'drafter'}"]
-        metrics = root / name / "metrics.jsonl"
-        if metrics.is_file():
-            rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-            steps = [row for row in rows if "loss" in row]
-            result[name]["loss_first_last"] = [steps[0]["loss"], steps[-1]["loss"]] if steps \
-                else None
-    (root / "prompts.txt").write_text("Hi!\nName a colour.\nOk\nCount to ten.\n")
-    evaluation = check.run("eval_trained", draftsmith_cli(
-        "eval", "--target", str(root / "target"), "--device", check.device, *drafters,
-        "--baselines", "--prompts", str(root / "prompts.txt"), "--max-new-tokens", "24",
-        "--out", str(root / "eval")))
-    summary = root / "eval" / "eval.json"
-    if summary.is_file():
-        evaluation["methods"] = {
-            name: {k: row.get(k) for k in ("tau", "speedup", "tokens_per_second")}
-            for name, row in json.loads(summary.read_text())["summary"]["all"].items()}
-    result["eval"] = evaluation
-    result["ok_all"] = all(r["rc"] == 0 for r in result.values() if isinstance(r, dict))
-    return result
-
-
-def target_8b(small: bool, device: str):
-    """The 8B target's config (4 layers of width 512 when small), a random model of it in the
-    dtype `auto` chooses on `device` (measured on a CPU), and that choice."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from draftsmith.plan.shapes import target_config
-    from draftsmith.precision import choose_dtype
-
-    config, _ = target_config(TARGET_8B)
-    if small:
-        config.update({"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1024,
-                       "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64})
-    choice = choose_dtype("auto", device, config.hidden_size, config.intermediate_size)
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, choice.dtype))
+def run_stage_here(args) -> int:
+    """The `--stage` process: one stage, its record in `--record` (rewritten as it goes)."""
+    work = Path(args.work) / args.stage
+    work.mkdir(parents=True, exist_ok=True)
+    stage = Stage(Path(args.record), Path(args.out), work, args.device, args.small, args.until,
+                  args.time_scale)
     try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return config, model.eval().requires_grad_(False), choice
+        found = STAGES[args.stage][0](stage)
+        stage.record = {"ok": found.pop("ok_all", True), **stage.record}
+        stage.save(**found)
+    except Exception as err:  # a failed stage is the finding: record it and go on
+        stage.record = {"ok": False, **stage.record}
+        stage.save(error=f"{type(err).__name__}: {err}"[:2000],
+                   traceback=traceback.format_exc()[-4000:])
+    return 0
 
 
-def target8b_stage(check: Check, work: Path, small: bool) -> dict:
-    import torch
-
-    from draftsmith.data.draft_vocab import build_draft_vocab
-    from draftsmith.plan.report import format_report, plan_recipe
-    from draftsmith.train.loop import make_accelerator, run_training
-    from draftsmith.train.recipe import load_recipe
-
-    config, target, choice = target_8b(small, check.device)
-    overrides = [f"train.output_dir={work / 'train8b'}", "train.max_steps=6",
-                 "train.warmup_steps=0", "train.save_every=100000", "train.eval_every=100000",
-                 "train.eval_fraction=0.0", "train.wandb=false", f"target.dtype={choice.dtype}"]
-    config_file = work / "target8b_config.json"
-    config_file.write_text(config.to_json_string())
-    gpu = check.record["stages"].get("env", {}).get("gpu_memory_bytes")
-    plan = plan_recipe(RECIPE_8B, overrides, gpu=f"{gpu / 2**30:.1f}GiB" if gpu else "cpu",
-                       target_config=str(config_file))
-    recipe = load_recipe(RECIPE_8B, overrides)
-    length, vocab = recipe.train.max_length, config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    examples = [{"input_ids": torch.randint(0, vocab, (length,), generator=generator).tolist(),
-                 "loss_mask": [1] * length} for _ in range(32)]
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for example in examples:
-        counts += torch.bincount(torch.tensor(example["input_ids"]), minlength=vocab)
-    draft_vocab = build_draft_vocab(counts, min(recipe.drafter_config().draft_vocab_size, vocab))
-    cuda = check.device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    weights = torch.cuda.memory_allocated() if cuda else None
-    start = time.perf_counter()
-    run_training(recipe, examples, target=target, accelerator=make_accelerator(recipe),
-                 draft_vocab=draft_vocab)
-    seconds = time.perf_counter() - start
-    rows = [json.loads(line) for line in (work / "train8b" / "metrics.jsonl").read_text()
-            .splitlines()]
-    steps = [row for row in rows if "loss" in row]
-    result = {"dtype": choice.dtype, "dtype_reason": choice.reason,
-              "plan_peak_bytes": plan.plan.peak, "plan": format_report(plan),
-              "plan_terms": {t.name: t.bytes for t in plan.plan.terms},
-              "target_weights_bytes": weights, "train_seconds": round(seconds, 1),
-              "steps": len(steps), "step_seconds": [  # the log's seconds count from the start
-                  round(b.get("seconds", 0) - a.get("seconds", 0), 3)
-                  for a, b in zip([{}, *steps[:-1]], steps, strict=True)],
-              "loss_first_last": [steps[0]["loss"], steps[-1]["loss"]] if steps else None}
-    if cuda:
-        free, total = torch.cuda.mem_get_info()
-        result.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(),
-                      peak_reserved_bytes=torch.cuda.max_memory_reserved(),
-                      device_used_bytes_after=total - free,
-                      plan_over_peak_allocated=round(plan.plan.peak /
-                                                     torch.cuda.max_memory_allocated(), 3))
-    check.target = target
-    return result
-
-
-def verify_stage(check: Check, small: bool) -> dict:
-    import torch
-
-    from draftsmith.decoding.runner import CausalLMRunner
-    from draftsmith.eval.autotune import measure_verify_cost
-
-    target = getattr(check, "target", None)
-    if target is None:
-        _, target, _ = target_8b(small, check.device)
-    runner = CausalLMRunner(target)
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-    costs = measure_verify_cost(runner, sizes, context_len=512, repeats=5)
-    result = {"verify_ms": {n: round(c * 1e3, 3) for n, c in costs.items()},
-              "verify_ratio": {n: round(c / costs[1], 3) for n, c in costs.items()}}
-    prompt = torch.randint(0, target.config.vocab_size, (1, 128),
-                           generator=torch.Generator().manual_seed(1)).to(check.device)
-    new = 128
-    for name in ("hf_generate", "hf_generate_again"):
-        start = time.perf_counter()
-        target.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        if check.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        result[f"{name}_tokens_per_second"] = round(new / (time.perf_counter() - start), 1)
-    from draftsmith.decoding.decode import generate
-    from draftsmith.decoding.proposers.base import NoDraftProposer
-
-    for name in ("runner_plain", "runner_plain_again"):
-        start = time.perf_counter()
-        if check.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        out = generate(runner, NoDraftProposer(), prompt[0].tolist(), new)
-        result[f"{name}_tokens_per_second"] = round(len(out.tokens) /
-                                                    (time.perf_counter() - start), 1)
-    return result
-
-
-def profile_stage(check: Check) -> dict:
-    """Plain decoding of a tiny target through draftsmith's loop against transformers' generate,
-    and where the loop's time goes (torch profiler, CPU-side operators by self time)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from draftsmith.decoding.decode import generate
-    from draftsmith.decoding.proposers.base import NoDraftProposer
-    from draftsmith.decoding.runner import CausalLMRunner
-    from tests.helpers.tiny_targets import tiny_target
-
-    target = tiny_target("llama").to(check.device)
-    runner, prompt, new = CausalLMRunner(target), list(range(2, 34)), 64
-    result = {}
-    for name in ("runner_warm", "runner", "hf_warm", "hf"):
-        start = time.perf_counter()
-        if name.startswith("runner"):
-            generate(runner, NoDraftProposer(), prompt, new)
-        else:
-            target.generate(torch.tensor([prompt], device=check.device), max_new_tokens=new,
-                            min_new_tokens=new, do_sample=False, pad_token_id=0)
-        if check.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        result[f"{name}_ms_per_token"] = round((time.perf_counter() - start) * 1e3 / new, 2)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if check.device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
-        generate(runner, NoDraftProposer(), prompt, new)
-    result["runner_profile"] = prof.key_averages().table(sort_by="self_cpu_time_total",
-                                                         row_limit=30)
+def run_stage(name: str, args, work: Path, until: float) -> dict:
+    """Run stage `name` in a session of its own until `until` (time.time()); a stage still
+    running then is killed whole. Returns its record with `ok` and `seconds`."""
+    record = work / f"{name}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--stage", name, "--out", args.out,
+               "--device", args.device, "--work", str(work), "--record", str(record),
+               "--until", str(until), "--time-scale", str(args.time_scale),
+               *(["--small"] if args.small else [])]
+    start, limit = time.perf_counter(), until - time.time()
+    with open(Path(args.out) / "stages.log", "a", encoding="utf-8") as log:
+        log.write(f"== {name}\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=max(limit, 0))
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also on Ctrl-C: no stage outlives the check
+            kill_tree(process)
+    result = json.loads(record.read_text()) if record.is_file() else {}
+    if timed_out:
+        result.update(ok=False, error=f"timed out after {limit:.0f} s; the stage's processes were "
+                      "killed (what it had found is kept)")
+    elif "ok" not in result:
+        result.update(ok=False, error=f"the stage process exited {process.returncode} without a "
+                      "result (see stages.log)")
+    result["seconds"] = round(time.perf_counter() - start, 1)
     return result
 
 
@@ -344,31 +229,43 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma-separated, from {', '.join(STAGES)} (env always runs)")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_SECONDS,
+                        help="seconds the whole run may take")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="multiplies each stage's own time limit (a CPU try: e.g. 5)")
+    parser.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--record", help=argparse.SUPPRESS)
+    parser.add_argument("--until", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
-    check = Check(Path(args.out), args.device)
-    stages = args.stages.split(",")
+    if args.stage:
+        return run_stage_here(args)
+    chosen = set(args.stages.split(",")) | {"env"}
+    unknown = sorted(chosen - set(STAGES))
+    if unknown:
+        parser.error(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.deadline
+    record = {"device": args.device, "deadline_seconds": args.deadline, "stages": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        check.stage("env", lambda: env_stage(args.device))
-        if "gate" in stages:
-            check.stage("gate", lambda: gate_stage(check, work))
-        if "target8b" in stages:
-            check.stage("target8b", lambda: target8b_stage(check, work, args.small))
-        if "verify" in stages:
-            check.stage("verify", lambda: verify_stage(check, args.small))
-        check.target = None  # the 8B target's memory back before the training runs
-        if args.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.empty_cache()
-        if "profile" in stages:
-            check.stage("profile", lambda: profile_stage(check))
-        if "train" in stages:
-            check.stage("train", lambda: train_stage(check, work))
-    return 0 if all(s["ok"] for s in check.record["stages"].values()) else 1
+        for name in (n for n in STAGES if n in chosen):
+            left = deadline - time.time()
+            if left < MIN_STAGE_SECONDS:
+                result = {"ok": False, "skipped": f"{left:.0f} s left of the run's "
+                          f"{args.deadline:.0f} s deadline"}
+            else:
+                result = run_stage(name, args, Path(tmp), time.time()
+                                   + min(STAGES[name][1] * args.time_scale, left))
+            record["stages"][name] = result
+            (out / "gpu_check.json").write_text(json.dumps(record, indent=1) + "\n")
+            state = "ok" if result["ok"] else "skipped" if "skipped" in result else "FAILED"
+            print(f"[{name}] {state} in {result.get('seconds', 0)} s", flush=True)
+    return 0 if all(s["ok"] for s in record["stages"].values()) else 1
 
 
 if __name__ == "__main__":
