@@ -192,12 +192,17 @@ class SourceModels:
                 for target in targets:
                     if isinstance(target, ast.Name):
                         env[target.id] = value
-                    elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                          and target.value.id == "self"):
+                    elif isinstance(target, ast.Attribute):
+                        # self.x = ..., or a child's: self.self_attn.qkv_proj = ... (EAGLE-3's
+                        # first layer replaces its attention's input projection)
+                        owner = self._eval(target.value, env, stem)
+                        if not isinstance(owner, Module):
+                            continue
                         if isinstance(value, Module):
-                            module.children[target.attr] = value
+                            owner.children[target.attr] = value
                         else:
-                            module.attrs[target.attr] = value
+                            owner.children.pop(target.attr, None)
+                            owner.attrs[target.attr] = value
             elif isinstance(stmt, ast.Delete):
                 for target in stmt.targets:
                     if isinstance(target, ast.Attribute):
@@ -237,14 +242,16 @@ class SourceModels:
             if items is UNKNOWN or not isinstance(gen.target, ast.Name):
                 return UNKNOWN
             return [self._eval(node.elt, {**env, gen.target.id: i}, stem) for i in items]
-        if isinstance(node, ast.BoolOp):
-            values = [ev(v) for v in node.values]
-            if any(v is UNKNOWN for v in values):
-                return UNKNOWN
-            result = values[0]
-            for v in values[1:]:
-                result = (result and v) if isinstance(node.op, ast.And) else (result or v)
-            return result
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {ev(k): ev(v) for k, v in zip(node.keys, node.values, strict=True)}
+        if isinstance(node, ast.BoolOp):  # short-circuits as Python does
+            for value in node.values[:-1]:
+                value = ev(value)
+                if value is UNKNOWN:
+                    return UNKNOWN
+                if bool(value) == isinstance(node.op, ast.Or):
+                    return value
+            return ev(node.values[-1])
         if isinstance(node, ast.UnaryOp):
             value = ev(node.operand)
             if value is UNKNOWN:
@@ -279,6 +286,10 @@ class SourceModels:
         kwargs = {k.arg: self._eval(k.value, env, stem) for k in node.keywords if k.arg}
         if name == "getattr" and len(args) >= 2 and isinstance(args[0], Config):
             return args[0].values.get(args[1], args[2] if len(args) > 2 else UNKNOWN)
+        if name == "hasattr" and len(args) == 2 and isinstance(args[0], Config):
+            return args[1] in args[0].values
+        if name == "bool" and len(args) == 1 and args[0] is not UNKNOWN:
+            return bool(args[0])
         if isinstance(func, ast.Attribute) and name == "get":
             owner = self._eval(func.value, env, stem)
             if isinstance(owner, dict):

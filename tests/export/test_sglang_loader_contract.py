@@ -1,9 +1,9 @@
-"""The EAGLE-1/2 export against SGLang's own loader, read from its released source (SGLang needs
-a GPU, so it cannot run here; issue 52): the architecture SGLang builds for
-`--speculative-algorithm EAGLE` must be its EAGLE-1 class (`models/llama_eagle.py`), and every
-exported tensor must land, by the class's weight loader, on a parameter it declares, with that
-parameter's shape; every declared parameter but the embedding and head (which the EAGLE worker
-takes from the target) must be loaded. The old export (`LlamaForCausalLM`, `bias: true`) fails.
+"""Exports against SGLang's own loaders, read from its released source (SGLang needs a GPU, so it
+cannot run here; issue 52): the architecture SGLang builds must be the class of the algorithm
+(`--speculative-algorithm EAGLE`: `models/llama_eagle.py`; `EAGLE3`: `models/llama_eagle3.py`),
+and every exported tensor must land, by the class's weight loader, on a parameter it declares,
+with that parameter's shape; every declared parameter but those the worker takes from the target
+must be loaded. The old EAGLE-1 export (`LlamaForCausalLM`, `bias: true`) fails.
 
 Downloads the sglang wheel once (about 40 MB, cached under the draftsmith cache); skipped with the
 reason when PyPI cannot be reached."""
@@ -97,3 +97,97 @@ def test_an_export_without_fc_bias_leaves_sglangs_bias_uninitialised(sglang, tmp
     del tensors["fc.bias"]
     save_file(tensors, out / "model.safetensors")
     assert any("model.fc.bias" in p for p in sglang_eagle1_mismatches(sglang, out))
+
+
+def sglang_eagle3_mismatches(models: SourceModels, folder) -> list[str]:
+    """What SGLang 0.5.23's EAGLE-3 path (`LlamaForCausalLMEagle3`) would not load as exported."""
+    config = json.loads((folder / "config.json").read_text())
+    arch = config["architectures"][0]
+    entries = models.entry_classes()
+    if entries.get(arch) != "llama_eagle3":
+        return [f"architecture {arch} builds models/{entries.get(arch, '?')}.py, not SGLang's "
+                "EAGLE-3 class (models/llama_eagle3.py)"]
+    declared = models.construct(arch, "llama_eagle3", Config(config))
+    params, shards = declared.named_parameters(), declared.named_shards()
+    # LlamaForCausalLMEagle3.load_weights: its legacy renames, d2t -> hot token ids, t2d skipped,
+    # its stacked mapping, then the name itself or "model." + name
+    legacy = loader_dict(models, "llama_eagle3", "LlamaForCausalLMEagle3", "legacy_name_map")
+    mapping = stacked_params_mapping(models, "llama_eagle3", "LlamaForCausalLMEagle3")
+    problems, loaded = [], set()
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        original = name
+        for old, new in legacy.items():
+            name = name.replace(old, new) if old in name else name
+        if "d2t" in name:  # the draft vocabulary: one target offset per head row
+            rows = params.get("lm_head.weight", (None,))[0]
+            if tuple(tensor.shape) != (rows,):
+                problems.append(f"d2t: shape {list(tensor.shape)}, the head has {rows} rows")
+            continue
+        if "t2d" in name:
+            continue
+        shard = None
+        for param_name, weight_name, shard_id in mapping:
+            if weight_name in name:
+                name, shard = name.replace(weight_name, param_name), shard_id
+                break
+        target = name if name in params else f"model.{name}"
+        if target not in params:
+            problems.append(f"{original}: no parameter {target} (skipped by the loader)")
+            continue
+        want = params[target] if shard is None else shards[target][shard]
+        if tuple(tensor.shape) != tuple(want):
+            problems.append(f"{original}: shape {list(tensor.shape)}, {target} needs {list(want)}")
+        loaded.add(target)
+    # the EAGLE-3 worker gives the draft the target's embedding (and its head only when the
+    # config has no draft_vocab_size: load_lm_head_from_target)
+    from_target = ("model.embed_tokens.",) + (
+        ("lm_head.",) if config.get("draft_vocab_size") is None else ())
+    problems += [f"{p} {list(s)} is not in the export (left uninitialised)"
+                 for p, s in params.items() if p not in loaded and not p.startswith(from_target)]
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    fc = params.get("model.fc.weight")
+    if ids is None or fc is None or fc[1] != len(ids) * config.get(
+            "target_hidden_size", config["hidden_size"]):
+        problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids {ids}: SGLang captures "
+                        "these layers (0-based outputs) and sizes fc by their count")
+    return problems
+
+
+def loader_dict(models: SourceModels, stem: str, cls: str, name: str) -> dict:
+    """A literal dict a class's methods assign to `name` (e.g. a loader's legacy renames)."""
+    import ast
+
+    node, _ = models._class(cls, stem)
+    for item in ast.walk(node):
+        if isinstance(item, ast.Assign) and any(getattr(t, "id", "") == name
+                                                for t in item.targets):
+            return ast.literal_eval(item.value)
+    raise KeyError(f"{cls} assigns no {name}")
+
+
+EAGLE3_VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
+
+
+@pytest.mark.parametrize("variant", list(EAGLE3_VARIANTS))
+def test_eagle3_export_loads_in_sglang(sglang, tmp_path, variant):
+    settings = {"draft_vocab_size": 100, "layer_ids": [0, 1, 2], **EAGLE3_VARIANTS[variant]}
+    _, _, folder = make_checkpoint(tmp_path, "eagle3", settings=settings)
+    out = export_drafter(folder, "eagle3", tmp_path / "out")
+    assert sglang_eagle3_mismatches(sglang, out) == []
+    if variant == "eagle3.1":  # EAGLE-3.1's per-layer norms are declared and loaded
+        declared = sglang.construct("LlamaForCausalLMEagle3", "llama_eagle3",
+                                    Config(json.loads((out / "config.json").read_text())))
+        assert "model.fc_norm.2.weight" in declared.named_parameters()
+
+
+def test_eagle3_contract_catches_a_lost_head_or_layer_count(sglang, tmp_path):
+    _, _, folder = make_checkpoint(tmp_path, "eagle3")
+    out = export_drafter(folder, "eagle3", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "eagle_config": {}}))
+    assert any("eagle_aux_hidden_state_layer_ids" in p for p in
+               sglang_eagle3_mismatches(sglang, out))
+    (out / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 64}))
+    assert any("lm_head.weight: shape" in p for p in sglang_eagle3_mismatches(sglang, out))
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["Eagle3DraftModel"]}))
+    assert "not SGLang's EAGLE-3 class" in sglang_eagle3_mismatches(sglang, out)[0]
