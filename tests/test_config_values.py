@@ -64,7 +64,7 @@ def test_recipe_mixed_precision_no_and_wrong_types():
             build_recipe(apply_overrides({"drafter": {"kind": "eagle3"}}, [override]))
     recipe = build_recipe(apply_overrides({"drafter": {"kind": "eagle3"}},
                                           ["drafter.step_weight=8e-1"]))
-    assert recipe.drafter_config().step_weight == 0.8
+    assert recipe.drafter_config.step_weight == 0.8
 
 
 def test_a_repeated_key_is_an_error_not_a_silent_overwrite(tmp_path):

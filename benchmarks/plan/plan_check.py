@@ -20,9 +20,8 @@ from pathlib import Path
 def prepare(recipe_path: str, overrides: list[str]) -> None:
     from draftsmith.data.pipeline import run_data_recipe
     from draftsmith.train.recipe import load_recipe
-    from draftsmith.train.run import data_recipe
 
-    run_data_recipe(data_recipe(load_recipe(recipe_path, overrides)), progress=False)
+    run_data_recipe(load_recipe(recipe_path, overrides).data_recipe, progress=False)
 
 
 def train(recipe_path: str, overrides: list[str]) -> None:

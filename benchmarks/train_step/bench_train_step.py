@@ -169,7 +169,7 @@ def main() -> None:
     target = load_target(recipe.target.name, dtype=recipe.target.dtype)
     out_dir = Path(recipe.data["out_dir"])
     stream = stream_cache(recipe, out_dir / "cache", target)
-    spec, config = get_spec(recipe.kind), recipe.drafter_config()
+    spec, config = get_spec(recipe.kind), recipe.drafter_config
     drafter = spec.build(target.model.config, config)
     vocab_path = out_dir / "draft_vocab.safetensors"
     if spec.uses_draft_vocab and vocab_path.is_file():

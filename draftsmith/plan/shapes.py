@@ -152,7 +152,7 @@ def model_shapes(recipe, config_path: str | None = None) -> ModelShapes:
     text = target.config.get_text_config()
     spec = get_spec(recipe.kind)
     spec.check_target(target, repr(recipe.target.name))
-    drafter_config = recipe.drafter_config()
+    drafter_config = recipe.drafter_config
     with torch.device("meta"):
         drafter = spec.build(target.config, drafter_config)
     layer = getattr(drafter, "layer_config", None)

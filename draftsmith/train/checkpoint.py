@@ -180,7 +180,7 @@ def save_drafter(accelerator, drafter: torch.nn.Module, recipe, target_config, s
     state = full_state_dict(drafter)  # FSDP2 shards gathered whole (every rank takes part)
     if accelerator.is_main_process:
         tensors = {k: v.contiguous() for k, v in state.items() if not k.startswith("rotary.")}
-        config = recipe.drafter_config()
+        config = recipe.drafter_config
         meta = {
             "kind": recipe.kind,
             "drafter_config": asdict(config),

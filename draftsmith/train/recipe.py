@@ -7,7 +7,8 @@ recipe is validated before any model is loaded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
@@ -166,10 +167,33 @@ class Recipe:
     def kind(self) -> str:
         return self.drafter.get("kind", "")
 
+    @cached_property
     def drafter_config(self):
-        """The kind's config dataclass built (and validated) from the `drafter:` section."""
+        """The kind's config dataclass, built (and validated) once from the `drafter:` section;
+        everything downstream reads this one."""
         spec = get_spec(self.kind)
         return spec.make_config({k: v for k, v in self.drafter.items() if k != "kind"})
+
+    @cached_property
+    def data_recipe(self):
+        """The data pipeline's recipe for this training recipe (same target, its `data:` section
+        with what the drafter kind needs), built and validated once on first use (a recipe of
+        pre-tokenized data, `data.tokenized`, never builds one).
+
+        Raises:
+            DraftsmithError: a bad `data:` setting, naming it.
+        """
+        from draftsmith.data.config import DataConfig, DataRecipe, data_for_drafter
+
+        target = replace(self.target, device="cpu")  # a data recipe's default; train loads it
+        return DataRecipe(target=target,
+                          data=DataConfig.from_dict(data_for_drafter(self.data, self.drafter)))
+
+    def check_sections(self) -> None:
+        """Build every typed section now (the drafter's settings, and the data recipe unless the
+        data is pre-tokenized), so a bad setting is refused before any model is loaded."""
+        for section in ("drafter_config", *(() if "tokenized" in self.data else ("data_recipe",))):
+            getattr(self, section)  # a cached property: built and checked once, here
 
     def to_dict(self) -> dict:
         """The recipe's settings as plain values (what checkpoints and the drafter record)."""
@@ -193,7 +217,7 @@ def build_recipe(raw: dict) -> Recipe:
     recipe = Recipe(target=target, drafter=drafter, data=dict(raw.get("data") or {}),
                     train=train)
     # the kind and its settings are validated now, before any model is loaded
-    check_block_fits(recipe.drafter_config(), recipe)
+    check_block_fits(recipe.drafter_config, recipe)
     return recipe
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,15 +83,6 @@ def read_draft_vocab(path: Path, vocab_size: int):
     return vocab
 
 
-def data_recipe(recipe: Recipe):
-    """The data pipeline's recipe for a training recipe (same target, its `data:` section)."""
-    from draftsmith.data.config import DataConfig, DataRecipe, data_for_drafter
-
-    target = replace(recipe.target, device="cpu")  # a data recipe's default; train loads it
-    return DataRecipe(target=target,
-                      data=DataConfig.from_dict(data_for_drafter(recipe.data, recipe.drafter)))
-
-
 def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path = "RECIPE"
                    ) -> tuple[list[dict] | CacheStream, object | None]:
     """Training examples (or, offline, this rank's stream of the cache) and the draft vocabulary
@@ -112,7 +102,7 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
     data = dict(recipe.data)
     if "tokenized" in data:
         return read_tokenized(data["tokenized"]), None
-    prepared = data_recipe(recipe)
+    prepared = recipe.data_recipe
     if accelerator.num_processes == 1:
         # a partly loaded target (offline: embeddings and head) cannot regenerate or cache: a
         # finished data run is read as it is, an unfinished one gets the whole target
@@ -166,7 +156,7 @@ def load_training_target(recipe: Recipe, accelerator):
 
     device = str(accelerator.device)
     sharded = fsdp_requested(accelerator)
-    if get_spec(recipe.kind).trains_target(recipe.drafter_config()):
+    if get_spec(recipe.kind).trains_target(recipe.drafter_config):
         return recipe.target.load(device=device)
     if recipe.train.features == "offline" and "tokenized" not in recipe.data:
         return load_loss_parts(recipe.target, device)
@@ -196,7 +186,7 @@ def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStre
         raise DraftsmithError("train.features=offline needs a data.cache section listing this "
                               f"drafter kind ({recipe.kind}) in data.cache.kinds")
     num_layers = target.model.config.num_hidden_layers
-    indices = get_spec(recipe.kind).hidden_indices(num_layers, recipe.drafter_config())
+    indices = get_spec(recipe.kind).hidden_indices(num_layers, recipe.drafter_config)
     cache = FeatureCache.open(folder, expect=TargetIdentity.of(target.model, target.tokenizer),
                               layers=indices)
     rank, world_size = accelerator.process_index, accelerator.num_processes
@@ -230,12 +220,12 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
 
     if not get_spec(recipe.kind).uses_draft_vocab:
         return
-    chosen = recipe.drafter_config().draft_vocab_size
+    chosen = recipe.drafter_config.draft_vocab_size
     if chosen is None:
         return
     wanted = min(chosen, vocab_size)
     tokenized = "tokenized" in recipe.data
-    built = None if tokenized else data_recipe(recipe).data.draft_vocab_size
+    built = None if tokenized else recipe.data_recipe.data.draft_vocab_size
     if built is None and wanted < vocab_size:
         raise DraftsmithError(missing_draft_vocab(wanted, vocab_size, tokenized))
     if built is not None and built != wanted:
@@ -247,7 +237,7 @@ def training_rows(recipe: Recipe, examples) -> Iterator[list[int]]:
     """The input ids of every training sequence, read when iterated: the examples' own, or
     (offline, where the examples are a cache stream) those of the data run's tokenized.jsonl."""
     if not isinstance(examples, list):
-        examples = read_tokenized(Path(data_recipe(recipe).data.out_dir) / "tokenized.jsonl")
+        examples = read_tokenized(Path(recipe.data_recipe.data.out_dir) / "tokenized.jsonl")
     for example in examples:
         yield example["input_ids"]
 
@@ -262,8 +252,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     from draftsmith.train.mask_token import warn_if_mask_token_in_data
 
     recipe = load_recipe(path, overrides)
-    if "tokenized" not in recipe.data:
-        data_recipe(recipe)  # validates the data section before any model is loaded
+    recipe.check_sections()  # a bad setting is refused before any model is loaded
     accelerator = make_accelerator(recipe)
     try:
         # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
@@ -272,7 +261,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
         get_spec(recipe.kind).check_target(target.model, repr(recipe.target.name))
         check_draft_vocab_source(recipe, int(target.model.config.get_text_config().vocab_size))
         examples, vocab = build_examples(recipe, accelerator, target, path)
-        warn_if_mask_token_in_data(recipe.drafter_config(), target.model.config,
+        warn_if_mask_token_in_data(recipe.drafter_config, target.model.config,
                                    training_rows(recipe, examples), accelerator.print)
         # checkpoints and the drafter folder: torch's "unexpected pos" on a full disk says so
         with disk_space_errors(recipe.train.output_dir, "set train.output_dir to a disk with "

@@ -62,7 +62,7 @@ def build_training(recipe: Recipe, examples, target, accelerator, draft_vocab) -
     """
     cfg = recipe.train
     spec = get_spec(recipe.kind)
-    drafter_config = recipe.drafter_config()
+    drafter_config = recipe.drafter_config
     target.requires_grad_(False).eval()
     if holds_whole(target):  # a sharded or partly loaded target is already on its device
         target.to(accelerator.device)

@@ -62,7 +62,7 @@ def test_every_kind_trains_and_saves(kind, settings, tmp_path):
     out = run_training(recipe, examples(), target=target, draft_vocab=vocab)
     weights = load_file(out / "model.safetensors")
     set_seed(recipe.train.seed)  # the drafter the loop started from
-    start = get_spec(kind).build(target.config, recipe.drafter_config())
+    start = get_spec(kind).build(target.config, recipe.drafter_config)
     if vocab is not None:
         start.set_draft_vocab(vocab.d2t, vocab.t2d)
         assert torch.equal(weights["d2t"], vocab.d2t) and torch.equal(weights["t2d"], vocab.t2d)

@@ -91,7 +91,7 @@ def test_two_muon_steps_move_every_drafter_parameter(kind, settings, tmp_path):
     out = run_training(recipe, examples(), target=target, draft_vocab=vocab)
     weights = load_file(out / "model.safetensors")
     set_seed(recipe.train.seed)  # the drafter the loop started from
-    start = get_spec(kind).build(target.config, recipe.drafter_config())
+    start = get_spec(kind).build(target.config, recipe.drafter_config)
     if vocab is not None:
         start.set_draft_vocab(vocab.d2t, vocab.t2d)
     start.init_from_target(target)

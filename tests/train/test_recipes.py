@@ -7,7 +7,6 @@ import pytest
 import yaml
 
 from draftsmith.train.recipe import load_recipe
-from draftsmith.train.run import data_recipe
 
 ROOT = Path(__file__).resolve().parents[2] / "recipes"
 TRAIN_RECIPES = sorted(p for p in ROOT.glob("*/*.yaml") if p.parent.name not in ("accelerate", "data", "bench"))
@@ -21,8 +20,8 @@ def test_there_are_recipes_for_every_kind_on_the_default_target():
 @pytest.mark.parametrize("path", TRAIN_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_parses_and_names_its_command(path):
     recipe = load_recipe(path)
-    recipe.drafter_config()
-    data_recipe(recipe)
+    recipe.check_sections()
+    assert recipe.drafter_config is recipe.drafter_config  # built once
     first = path.read_text().splitlines()[0]
     assert first.startswith("# accelerate launch") and str(path.relative_to(ROOT.parent)) in first
 
@@ -40,4 +39,4 @@ def test_overrides_reach_nested_data_settings():
     recipe = load_recipe(ROOT / "smollm2-135m/eagle3.yaml",
                          ["train.lr=1e-4", "data.regenerate.max_new_tokens=64"])
     assert recipe.train.lr == 1e-4
-    assert data_recipe(recipe).data.regenerate.max_new_tokens == 64
+    assert recipe.data_recipe.data.regenerate.max_new_tokens == 64
