@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.drafter_folder import write_drafter_folder
+from draftsmith.errors import DraftsmithError
+from draftsmith.files import disk_space_errors
 from draftsmith.train.budget import budget_extendable
 from draftsmith.train.rng_state import rng_state_file, save_rng_state
 from draftsmith.train.target_parts import full_state_dict
@@ -74,8 +76,6 @@ def check_shared_output(accelerator, out_dir: Path) -> None:
 
     from accelerate.utils import gather_object
 
-    from draftsmith.errors import DraftsmithError
-
     if accelerator.num_processes == 1:
         return
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -107,10 +107,17 @@ def save_state(accelerator, out_dir: Path, step: int, progress: dict,
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    # accelerate also pickles the generator states; draftsmith keeps its own safetensors copy
-    (tmp / f"random_states_{accelerator.process_index}.pkl").unlink(missing_ok=True)
-    save_rng_state(rng_state_file(tmp, accelerator.process_index))
+    try:
+        with disk_space_errors(tmp, "free space there, lower train.keep_checkpoints, or set "
+                               "train.output_dir to a disk with room (move its checkpoints "
+                               "along to resume)"):
+            accelerator.save_state(str(tmp))
+            # accelerate also pickles the generator states; draftsmith keeps a safetensors copy
+            (tmp / f"random_states_{accelerator.process_index}.pkl").unlink(missing_ok=True)
+            save_rng_state(rng_state_file(tmp, accelerator.process_index))
+    except DraftsmithError:  # the disk is full: no half-written checkpoint is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / PROGRESS).write_text(json.dumps(

@@ -67,3 +67,19 @@ def test_any_command_ending_in_enospc_names_the_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(draftsmith.cli, "cmd_models", full)
     assert_refused(run_cli(["models", "list"]), f"no space left on device at {tmp_path}/x.bin")
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_named_and_leaves_no_partial(
+        tmp_path, tiny_folder, monkeypatch):
+    from accelerate import Accelerator
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Accelerator, "save_state", full)
+    path = write_recipe(tmp_path, tiny_folder, {"kind": "eagle3", "draft_vocab_size": 128})
+    result = run_cli(["train", "--config", str(path), "train.save_every=1", "train.max_steps=3",
+                      "train.warmup_steps=0"])
+    assert_refused(result, f"no space left on device at {tmp_path / 'run' / 'checkpoints'}",
+                   "lower train.keep_checkpoints")
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.partial"))
