@@ -482,7 +482,7 @@ def target8b_stage(stage: Stage) -> dict:
     counts = torch.zeros(vocab, dtype=torch.long)
     for example in examples:
         counts += torch.bincount(torch.tensor(example["input_ids"]), minlength=vocab)
-    draft_vocab = build_draft_vocab(counts, min(recipe.drafter_config().draft_vocab_size, vocab))
+    draft_vocab = build_draft_vocab(counts, min(recipe.drafter_config.draft_vocab_size, vocab))
     if stage.cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
