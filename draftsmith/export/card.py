@@ -123,6 +123,13 @@ def _serving(fmt: ExportFormat, base: str, settings: dict) -> list[str]:
     if fmt.is_folder:
         lines += ["### draftsmith", "", "```bash",
                   f"draftsmith eval --drafter {DRAFTER} --target {base}", "```", ""]
+    from draftsmith.export.engine_support import format_support
+
+    lines += ["### Engines and versions", "",
+              f"How far draftsmith has checked the `{fmt.name}` layout in each engine (proved: "
+              "served next to draftsmith's own loop, the same output and acceptance per draft "
+              "position within 2 points; benchmarks/engine-proof/ in draftsmith's repository):",
+              "", *format_support(fmt), ""]
     return lines
 
 

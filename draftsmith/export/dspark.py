@@ -103,5 +103,15 @@ def dspark_config_keys(drafter: ExportedDrafter, config: dict) -> list:
 
 
 def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSection]:
-    """Model card serving sections of DeepSpec's layout."""
-    return [vllm_command(base, drafter, "dspark", proposals(settings, 1))]
+    """Model card serving sections of DeepSpec's layout: vLLM (`dspark`, the block's B
+    proposals), SGLang (`DSPARK`; its draft-token count is B + 1, `dspark_config.py`), llama.cpp
+    through `--format gguf`."""
+    block = proposals(settings, 1)
+    return [vllm_command(base, drafter, "dspark", block),
+            ServingSection("SGLang", (
+                f"python -m sglang.launch_server --model-path {base} \\",
+                f"  --speculative-algorithm DSPARK --speculative-draft-model-path {drafter} \\",
+                f"  --speculative-num-draft-tokens {block + 1}")),
+            ServingSection("llama.cpp", note="Not from this folder: `draftsmith export CKPT "
+                           "--format gguf` converts the drafter with llama.cpp's own converter "
+                           "(`--spec-type draft-dspark`).")]

@@ -62,7 +62,7 @@ def gguf_format(kind: str) -> ExportFormat:
                         _not_a_folder_format, lambda config, names: False, _not_a_folder_format,
                         serving=_gguf_serving(spec_type,
                                               getattr(spec.build, "label_shift", None)),
-                        is_folder=False)
+                        is_folder=False, engines=("llama.cpp",))
 
 
 def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:

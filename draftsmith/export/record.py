@@ -122,6 +122,10 @@ class ExportFormat:
             sections of its model card (block drafters name their block size in the commands).
         library_name: the model card's `library_name` (what the Hub shows as its loader).
         is_folder: a folder layout with config.json (False: one converted file, e.g. GGUF).
+        engines: the serving engines (registry names: `vllm`, `sglang`, `llama.cpp`) that load
+            this layout as written (`export/engine_support.py` builds the support table).
+        not_served_in: `"ENGINE VERSION"` -> why that version does not serve it (vLLM 0.33
+            removed Medusa).
     """
 
     name: str
@@ -134,3 +138,5 @@ class ExportFormat:
     serving: Callable[[str, str, dict], list[ServingSection]] = lambda base, drafter, settings: []
     library_name: str = "draftsmith"
     is_folder: bool = True
+    engines: tuple[str, ...] = ()
+    not_served_in: dict[str, str] = field(default_factory=dict)
