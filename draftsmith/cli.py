@@ -96,11 +96,55 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from draftsmith.config_values import read_yaml_mapping
+    from draftsmith.recipes_index import recipes_root, resolve_recipe, shipped_recipes
+
+    names = shipped_recipes()
+    if not names:
+        raise DraftsmithError("this installation ships no recipes (no draftsmith/recipes/ and no "
+                              "recipes/ beside the package); reinstall draftsmith")
+    if args.path:
+        path = resolve_recipe(args.path)
+        if not path.is_file():
+            raise DraftsmithError(f"no shipped recipe {args.path!r}; `draftsmith recipes` lists "
+                                  "them")
+        print(path)
+        return 0
+    print(f"recipes in {recipes_root()}: pass a name to --config (`draftsmith plan "
+          "llama-3.1-8b/eagle3`), a file path works too; accelerate's --config_file wants the "
+          "file: `draftsmith recipes --path accelerate/ddp`", file=sys.stderr)
+    for name in names:
+        print(f"{name:44s} {_recipe_summary(read_yaml_mapping(name, 'recipe', ''))}")
+    return 0
+
+
+def _recipe_summary(values: dict) -> str:
+    """What a recipe is, in a few words: a drafter and its target, data, a benchmark or an
+    accelerate config."""
+    target = values.get("target")
+    target = target.get("name") if isinstance(target, dict) else target
+    if "kinds" in values:
+        return f"benchmark of {target}: {', '.join(values['kinds'])}"
+    if isinstance(values.get("drafter"), dict):
+        return f"{values['drafter'].get('kind')} drafter for {target}"
+    if "data" in values:
+        return f"data for {target}"
+    if "distributed_type" in values:
+        processes = values.get("num_processes", 1)
+        return (f"accelerate config: {values['distributed_type']}, {processes} process"
+                + ("es" if processes != 1 else ""))
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from draftsmith import __version__
+
     parser = argparse.ArgumentParser(
         prog="draftsmith",
         description="Train, export and evaluate speculative-decoding drafters.",
     )
+    parser.add_argument("--version", action="version", version=f"draftsmith {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     models = verbs.add_parser("models", help="list, fetch or locate the offline real models")
@@ -142,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(verbs)
     add_eval_parser(verbs)
+
+    recipes = verbs.add_parser("recipes", help="list the recipes that ship with draftsmith: "
+                               "pass a name to --config (`--config llama-3.1-8b/eagle3`)")
+    recipes.add_argument("--path", metavar="NAME",
+                         help="print the file of one recipe (for accelerate's --config_file)")
+    recipes.set_defaults(func=cmd_recipes)
 
     add_export_parser(verbs)
     add_push_parser(verbs)

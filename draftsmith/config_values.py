@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.recipes_index import resolve_recipe
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -62,16 +63,18 @@ def read_yaml_mapping(path: str | Path, what: str, fix: str) -> dict:
     """A YAML file that must hold a mapping (a recipe or config), read with clear errors.
 
     Args:
-        path: the file.
+        path: the file, or the name of a shipped recipe (`llama-3.1-8b/eagle3`: see
+            `recipes_index.resolve_recipe`; a file at that path wins).
         what: what the file is, for messages ("recipe", "benchmark config").
         fix: where to look when it does not exist (e.g. "see recipes/data/ for examples").
 
     Raises:
         DraftsmithError: a missing or unreadable file, bad YAML, or anything but a mapping.
     """
-    path = Path(path)
+    path = resolve_recipe(path)
     if not path.is_file():
-        raise DraftsmithError(f"{what} {path} does not exist; {fix}")
+        raise DraftsmithError(f"{what} {path} does not exist; {fix} (`draftsmith recipes` lists "
+                              "the shipped ones)")
     try:
         values = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:

@@ -28,7 +28,7 @@ import draftsmith
 
 PACKAGE = Path(draftsmith.__file__).parent
 LAYERS = [
-    ("errors", "files", "config_values", "provenance"),
+    ("errors", "files", "config_values", "provenance", "recipes_index"),
     ("precision", "offline_models", "quantize", "process_group"),
     ("models",),
     ("registry", "target", "target_args", "chat", "drafter_folder"),
