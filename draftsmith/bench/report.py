@@ -253,6 +253,56 @@ def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this 
             *([f"![verify cost]({plot})", ""] if plot.is_file() else [])]
 
 
+def summary_section(benches: list[dict]) -> list[str]:
+    """BENCHMARKS.md's first table: for each target and drafter kind (alone, and with prompt
+    lookup as the hybrid), the greedy method with the best speedup across every run, its tau,
+    its speedup over prompt lookup's in the same run, the machine and date, and a link to its
+    run's section. Speedups are the set means the run tables print."""
+    from draftsmith.registry import DRAFTERS
+
+    best: dict[tuple[str, str], tuple[float, list[str]]] = {}
+    for bench in benches:
+        cfg = bench["config"]
+        greedy = next((t for t in bench.get("eval") or {} if float(t) == 0), None)
+        if greedy is None:
+            continue
+        run = bench["eval"][greedy]
+        summary, names = run["summary"], method_names(bench)
+        lookup = set_mean(summary, "prompt_lookup", "speedup")
+        heading = cfg["target"] + (f" ({bench_name(cfg)})" if bench_name(cfg) != cfg["target"]
+                                   else "")
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        machine = f"{run.get('hardware', '?').split(' (')[0].replace('(R)', '')}, " \
+                  f"{(run.get('machine') or {}).get('dtype') or cfg.get('dtype', '?')}"
+        for method in summary.get("all", {}):
+            base, _, label = method.partition("@")
+            kind = ((bench.get("training") or {}).get(label) or {}).get("kind")
+            speedup = set_mean(summary, method, "speedup")
+            if kind not in DRAFTERS or speedup is None:
+                continue
+            drafter = DRAFTERS[kind].title + (" + prompt lookup" if base == "drafter_lookup"
+                                              else "")
+            key = (cfg["target"], drafter)
+            if key in best and best[key][0] >= speedup:
+                continue
+            best[key] = (speedup, [
+                f"`{cfg['target']}`", drafter, names.get(method, method),
+                _fmt(set_mean(summary, method, "tau")), f"**{_fmt(speedup)}x**",
+                f"{_fmt(speedup / lookup)}x" if lookup else "–", machine,
+                str(run.get("date", "?"))[:10], f"[{heading}](#{anchor})"])
+    if not best:
+        return []
+    return ["## Summary: the best of each kind across runs", "",
+            "Greedy, batch 1, each speedup a mean over the prompt sets against plain decoding in "
+            "the same run (the run's section has the rest); \"vs prompt lookup\" divides it by "
+            "prompt lookup's speedup in that run. Runs differ in machine, budget and data: "
+            "compare within a run before across runs.", "",
+            "| target | drafter | best method | tau | speedup | vs prompt lookup | machine | "
+            "date | run |", "|---|---|---|---|---|---|---|---|---|",
+            *["| " + " | ".join(cells) + " |" for _, cells in
+              sorted(best.values(), key=lambda row: (row[1][0], -row[0]))], ""]
+
+
 KEPT_NOTE = ("*Kept from an earlier run* of the benchmark (its machine, date and commit are in "
              "the line above; this run did not measure this target): rerun it with `draftsmith "
              "bench --config {config}`.")
@@ -302,6 +352,7 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
              "in bf16 because near-tied logits can flip between a one-token and a multi-token "
              "forward; in fp32 every method reproduces plain greedy decoding token for token (the "
              "tests check it for every drafter kind and tree shape).", "", *preamble, ""]
+    lines += summary_section([bench for bench, _ in benches])
     if machine_path is not None:
         lines += verify_cost_section(machine_path)
     for bench, run_dir in benches:
