@@ -2,9 +2,10 @@
 
 Each row has its own proposer; the target verifies every row's chain in one batched forward
 (`BatchedLMRunner`), and each row accepts its own number of tokens, verified exactly as the
-single-sequence loop (`decode.generate`) does, so with greedy verification every row's output is
-that row's plain greedy output. Rows leave the batch when they reach EOS or their budget. Trees
-run at batch 1 only for now: a proposer that returns a tree is refused.
+single-sequence loop (`decode.generate`) does, the first token from the prefill included, so
+with greedy verification every row's output is that row's plain greedy output. Rows leave the
+batch when they reach EOS or their budget. Trees run at batch 1 only for now: a proposer that
+returns a tree is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from draftsmith.decoding.batched_runner import BatchedLMRunner
 from draftsmith.decoding.decode import GenerationResult, clock, emitted_tokens
 from draftsmith.decoding.proposers.base import Proposer
-from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.decoding.sampling import SamplingConfig, choose_token
 from draftsmith.decoding.verify import verify
 from draftsmith.errors import DraftsmithError
 
@@ -44,6 +45,11 @@ class BatchResult:
     @property
     def new_tokens(self) -> int:
         return sum(len(r.tokens) for r in self.rows)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the steps emitted (every row's but its prefill token)."""
+        return sum(r.step_tokens for r in self.rows)
 
 
 @torch.inference_mode()
@@ -85,12 +91,15 @@ def generate_batch(
     batch = BatchResult(rows=[GenerationResult(tokens=[]) for _ in prompts])
     start = clock(device)
 
-    contexts = [list(p[:-1]) for p in prompts]
-    for proposer, context, out in zip(proposers, contexts, runner.prefill(contexts, pad_token_id),
-                                      strict=True):
-        proposer.reset(context, out)
-    roots = [p[-1] for p in prompts]
-    active = list(range(len(prompts)))
+    roots = []
+    for r, out in enumerate(runner.prefill([list(p) for p in prompts], pad_token_id)):
+        proposers[r].reset(list(prompts[r]), out)
+        roots.append(choose_token(out.logits[-1], sampling, generators[r]))
+        batch.rows[r].tokens = emitted_tokens([roots[r]], max_new_tokens, eos)
+    active = [r for r, row in enumerate(batch.rows)
+              if row.tokens and row.tokens[-1] not in eos and len(row.tokens) < max_new_tokens]
+    if len(active) < len(prompts) and active:
+        runner.keep_rows(active)
     now = clock(device)
     batch.prefill_seconds = now - start
 

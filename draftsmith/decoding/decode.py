@@ -3,6 +3,13 @@
 With greedy verification the output is token for token the target's own greedy output; with
 sampling it follows the target's distribution exactly (see `verify.py`). Plain decoding is the
 same loop with `NoDraftProposer`, so speedups compare like with like.
+
+The prefill forwards the whole prompt and its logits at the last prompt token choose the first
+new token, for every method alike (as plain decoding anywhere does): no method verifies the last
+prompt token together with drafts, whose multi-token forward may round a low-precision (bf16)
+logit otherwise and part from plain decoding at the very first token. The steps follow, each from
+the last chosen token (the root), so a step's tokens are its accepted drafts and its bonus token,
+and the first token, the prefill's, belongs to no step.
 """
 
 from __future__ import annotations
@@ -13,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.decoding.proposers.base import Proposer
-from draftsmith.decoding.runner import CausalLMRunner, ForwardOutput
-from draftsmith.decoding.sampling import SamplingConfig
+from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.decoding.sampling import SamplingConfig, choose_token
 from draftsmith.decoding.tree import Tree, ancestor_mask
 from draftsmith.decoding.verify import verify
 
@@ -24,13 +31,16 @@ class GenerationResult:
     """One prompt's output and where its time went.
 
     Attributes:
-        tokens: the new tokens (EOS included when reached).
+        tokens: the new tokens (EOS included when reached): the prefill's first token, then every
+            step's.
         accepted_per_step: draft tokens accepted at each target step (bonus excluded).
         depth_per_step: depth of the tree proposed at each step.
-        tokens_per_step: tokens emitted at each step (after EOS / budget truncation).
+        tokens_per_step: tokens emitted at each step (after EOS / budget truncation); they sum to
+            all tokens but the prefill's first.
         step_seconds: wall time of each step.
         prefill_seconds, draft_seconds, verify_seconds, total_seconds: time split; bookkeeping is
-            total - prefill - draft - verify.
+            total - prefill - draft - verify. The prefill includes choosing the first token (the
+            time to first token).
     """
 
     tokens: list[int]
@@ -48,9 +58,14 @@ class GenerationResult:
         return len(self.tokens_per_step)
 
     @property
+    def step_tokens(self) -> int:
+        """Tokens the steps emitted: all but the prefill's first token."""
+        return sum(self.tokens_per_step)
+
+    @property
     def tau(self) -> float:
-        """Mean tokens per target step, bonus included (plain decoding = 1.0)."""
-        return len(self.tokens) / max(self.steps, 1)
+        """Mean tokens per target step after the prefill, bonus included (plain decoding = 1.0)."""
+        return self.step_tokens / max(self.steps, 1)
 
     @property
     def decode_seconds(self) -> float:
@@ -114,16 +129,15 @@ def generate(
     start = clock(device)
 
     runner.reset()
-    context = list(prompt_ids[:-1])
-    prefill = (runner.forward(torch.tensor(context, device=device), logits_to_keep=1) if context
-               else ForwardOutput(logits=torch.empty(0, device=device)))
+    prefill = runner.forward(torch.tensor(prompt_ids, device=device), logits_to_keep=1)
     runner.commit()
-    proposer.reset(context, prefill)
-    root = prompt_ids[-1]
+    proposer.reset(list(prompt_ids), prefill)
+    root = choose_token(prefill.logits[-1], sampling, generator)
+    result.tokens = emitted_tokens([root], max_new_tokens, eos)
     now = clock(device)
     result.prefill_seconds = now - start
 
-    while len(result.tokens) < max_new_tokens:
+    while result.tokens and result.tokens[-1] not in eos and len(result.tokens) < max_new_tokens:
         step_start = now
         tree = proposer.propose(root, max_depth=max_new_tokens - len(result.tokens) - 1)
         tree.tokens = tree.tokens.to(device)
@@ -146,8 +160,6 @@ def generate(
         result.add_step(emitted, len(path) - 1, tree.max_depth, now - step_start)
         result.draft_seconds += (drafted - step_start) + (now - proposer_start)
         result.verify_seconds += verified - drafted
-        if emitted[-1] in eos:
-            break
         root = next_token
     result.total_seconds = clock(device) - start
     return result

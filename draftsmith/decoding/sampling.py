@@ -55,3 +55,12 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) 
     cdf = probs.double().cumsum(-1)
     index = torch.searchsorted(cdf, u.to(probs.device) * cdf[-1], right=True)
     return index.clamp(max=probs.shape[-1] - 1)
+
+
+def choose_token(logits: torch.Tensor, config: SamplingConfig,
+                 generator: torch.Generator | None = None) -> int:
+    """The target's own choice from one position's logits (V,): the argmax when greedy, else a
+    draw from the tempered, top-p distribution (what verification's bonus token is)."""
+    if config.greedy:
+        return int(logits.argmax(-1))
+    return int(sample_token(logits_to_probs(logits, config), generator))

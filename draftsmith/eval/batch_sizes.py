@@ -25,7 +25,8 @@ class BatchRecord:
     batch_size: int
     rows: int
     new_tokens: int
-    row_steps: int  # target steps summed over rows (tau = new_tokens / row_steps)
+    step_tokens: int  # new tokens the steps emitted (each row's first comes from the prefill)
+    row_steps: int  # target steps summed over rows (tau = step_tokens / row_steps)
     steps: int  # batched target forwards
     total_seconds: float
     prefill_seconds: float
@@ -93,7 +94,7 @@ def run_batch_sizes(executor: MethodExecutor, turns: list[Turn], warm: list[int]
                 result = executor.run_batch(method, [t.prompt_ids for t in group],
                                             config.max_new_tokens)
                 records.append(BatchRecord(
-                    method, size, len(group), result.new_tokens,
+                    method, size, len(group), result.new_tokens, result.step_tokens,
                     sum(r.steps for r in result.rows), result.steps, result.total_seconds,
                     result.prefill_seconds, result.draft_seconds, result.verify_seconds))
                 key = f"{method} (batch {size})"

@@ -3,8 +3,9 @@
 Greedy: every method, at every batch size, must reproduce plain decoding token for token; a
 failure names the first divergent token. Sampling (temperature > 0): every method's first
 `GATE_TOKENS` tokens, drawn `samples` times with different seeds on each of the first
-`GATE_PROMPTS` prompt turns, must follow the distribution of the model it decodes with, computed
-exactly from that model's logits: a chi-square test per (method, prompt) at level
+`GATE_PROMPTS` prompt turns (the first drawn from the prefill, as plain decoding's, the second
+through the first verified tree), must follow the distribution of the model it decodes with,
+computed exactly from that model's logits: a chi-square test per (method, prompt) at level
 `GATE_LEVEL / number of tests` (Bonferroni), so a lossless run fails the gate with probability
 at most about `GATE_LEVEL` = 1e-3 (the chi-square approximation holds with every bin expected at
 least 5 times; see distribution_test.py). A draw the model gives zero probability always fails.
@@ -126,9 +127,9 @@ def logit_gap(runner, prompt_ids: list[int], reference: list[int], index: int,
 
 def exact_first_tokens(runner, prompt_ids: list[int], sampling: SamplingConfig,
                        candidates: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """The model's distribution of the first token after the prompt, and of the second after each
-    of the `candidates` likeliest first tokens (one tree forward: the candidates as the
-    prompt's last token's children).
+    """The model's distribution of the first token after the prompt (from the prompt's prefill,
+    where the decoding loop takes it), and of the second after each of the `candidates`
+    likeliest first tokens (one tree forward: the candidates as siblings after the prompt).
 
     Args:
         runner: a CausalLMRunner of the model (reset here).
@@ -141,11 +142,8 @@ def exact_first_tokens(runner, prompt_ids: list[int], sampling: SamplingConfig,
     """
     runner.reset()
     device = runner.device
-    if len(prompt_ids) > 1:
-        runner.forward(torch.tensor(prompt_ids[:-1], device=device))
-        runner.commit()
-    root = runner.forward(torch.tensor(prompt_ids[-1:], device=device)).logits[-1]
-    p1 = logits_to_probs(root, sampling).cpu()
+    prefill = runner.forward(torch.tensor(prompt_ids, device=device), logits_to_keep=1)
+    p1 = logits_to_probs(prefill.logits[-1], sampling).cpu()
     runner.commit()
     top = p1.topk(min(candidates, p1.numel())).indices.to(device)
     parents = torch.full((top.numel(),), -1, device=device)

@@ -9,7 +9,11 @@ import numpy as np
 
 @dataclass
 class RunRecord:
-    """One generation (one prompt turn) by one method. Step lists are empty for HF baselines."""
+    """One generation (one prompt turn) by one method. Step lists are empty for HF baselines.
+
+    draftsmith's loop takes the first new token from the prefill (`prefill_seconds` holds its
+    time), so `tokens_per_step` sums to `new_tokens - 1`; tau and the per-token latencies count
+    the steps' tokens only, and the first token's wait is the time to first token."""
 
     method: str
     set_name: str
@@ -46,6 +50,7 @@ def summarize(records: list[RunRecord]) -> dict:
     tokens = sum(r.new_tokens for r in records)
     seconds = sum(r.total_seconds for r in records)
     steps = sum(len(r.tokens_per_step) for r in records)
+    step_tokens = sum(sum(r.tokens_per_step) for r in records)  # the prefill's first tokens aside
     accepted = [a for r in records for a in r.accepted_per_step]
     depths = [d for r in records for d in r.depth_per_step]
     latencies = [s / t for r in records
@@ -53,14 +58,14 @@ def summarize(records: list[RunRecord]) -> dict:
     draft = sum(r.draft_seconds for r in records)
     verify = sum(r.verify_seconds for r in records)
     prefill = sum(r.prefill_seconds for r in records)
-    # time to first token: the prompt's prefill plus the step that emitted the first new token
-    first = [r.prefill_seconds + r.step_seconds[0] for r in records if r.step_seconds]
+    # time to first token: the prompt's prefill, which chose it (HF baselines split no prefill)
+    first = [r.prefill_seconds for r in records if r.new_tokens and r.prefill_seconds]
     return {
         "runs": len(records),
         "new_tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else float("nan"),
-        "tau": tokens / steps if steps else None,
+        "tau": step_tokens / steps if steps else None,
         "acceptance_by_depth": acceptance_by_depth(accepted, depths),
         "time_split": {
             "prefill": prefill / seconds if seconds and steps else None,
@@ -118,8 +123,9 @@ def summarize_batch_sizes(overall: dict[str, dict], records, batch_sizes, baseli
             tokens = sum(r.new_tokens for r in mine)
             seconds = sum(r.total_seconds for r in mine)
             row_steps = sum(r.row_steps for r in mine)
+            step_tokens = sum(r.step_tokens for r in mine)
             rows[method] = {"tokens_per_second": tokens / seconds if seconds else float("nan"),
-                            "tau": tokens / row_steps if row_steps else None,
+                            "tau": step_tokens / row_steps if row_steps else None,
                             "new_tokens": tokens, "seconds": seconds, "batches": len(mine),
                             "rows": sum(r.rows for r in mine)}
         base = rows.get(baseline)

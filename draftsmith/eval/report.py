@@ -167,7 +167,8 @@ def identical_lines(identical: dict[str, tuple[int, int]], dtype: str) -> list[s
     if dtype != "float32" and any(s < c for s, c in identical.values()):
         lines.append(f"  (in {dtype}, logits that nearly tie can rank differently in a multi-token "
                      "verify than in plain decoding's one-token forward, so an output can part "
-                     "from plain decoding from its first new token on without a bug; the same "
+                     "from plain decoding after its first new token (every method takes that "
+                     "one from the same prefill) without a bug; the same "
                      "run with --check-lossless decodes in float32 and requires every output "
                      "identical)")
     return lines

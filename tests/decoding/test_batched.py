@@ -71,9 +71,9 @@ def test_rows_accept_different_counts_and_finish_at_different_steps():
     weak = tiny_target("llama", seed=1)
     prompts = _prompts()[:3]
     plain = _reference(target, prompts[0], NEW)
-    eos = plain[5]
+    eos = plain[6]  # row 0: the prefill's token, a step of 5, a step cut at the EOS
     references = [_reference(target, p, NEW, eos=eos) for p in prompts]
-    assert len(references[0]) == 6 and any(len(r) > 6 for r in references[1:])
+    assert len(references[0]) == 7 and any(len(r) > 7 for r in references[1:])
     proposers = [DraftModelProposer(target, 4), DraftModelProposer(weak, 3),
                  PromptLookupProposer(4)]
     runner = BatchedLMRunner(target)

@@ -55,7 +55,7 @@ def test_every_proposer_reproduces_plain_greedy(family):
         for name, make in proposer_factories(target, family).items():
             result = generate(runner, make(), prompt, NEW)
             assert result.tokens == reference, f"{family}/{name} diverged from greedy"
-            assert sum(result.tokens_per_step) == NEW
+            assert sum(result.tokens_per_step) == NEW - 1  # the first token is the prefill's
 
 
 def test_self_draft_accepts_everything():
@@ -63,7 +63,8 @@ def test_self_draft_accepts_everything():
     result = generate(CausalLMRunner(target), DraftModelProposer(target, num_tokens=4),
                       _prompt(), NEW)
     assert result.accepted_per_step[:-1] == [4] * (len(result.accepted_per_step) - 1)
-    assert result.tau == NEW / 8  # 5 tokens a step: 8 steps for 40 tokens
+    # the prefill chose the first token; 5 tokens a step: 8 steps for the other 39
+    assert result.steps == 8 and result.tau == (NEW - 1) / 8
 
 
 class OracleProposer:
@@ -77,7 +78,7 @@ class OracleProposer:
         self.done = 0
 
     def reset(self, context, target_out):
-        self.done = 0
+        self.done = 1  # the prefill chose the first token, the first root
 
     def propose(self, root, max_depth):
         good = self.continuation[self.done:self.done + self.correct]
@@ -90,11 +91,12 @@ class OracleProposer:
 
 @pytest.mark.parametrize("correct, wrong, tau", [(0, 4, 1.0), (4, 0, 5.0), (2, 2, 3.0)])
 def test_tau_is_exact_for_never_always_partial(correct, wrong, tau):
+    """tau counts the steps' tokens: 45 after the prefill's first token."""
     target = tiny_target("qwen2")
     prompt = _prompt()
-    reference = _reference(target, prompt, new=45)
+    reference = _reference(target, prompt, new=46)
     result = generate(CausalLMRunner(target), OracleProposer(reference, correct, wrong),
-                      prompt, 45)
+                      prompt, 46)
     assert result.tokens == reference
     assert result.tau == tau
     assert set(result.accepted_per_step) == {correct}

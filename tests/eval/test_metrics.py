@@ -15,15 +15,17 @@ def test_acceptance_by_depth_is_conditional_on_reaching_the_depth():
 
 
 def test_summary_tau_latency_and_split():
-    record = RunRecord("x", "s", "1", 0, new_tokens=6, total_seconds=1.0, prefill_seconds=0.1,
+    # the prefill chose the first of 7 tokens, three steps the other 6
+    record = RunRecord("x", "s", "1", 0, new_tokens=7, total_seconds=1.0, prefill_seconds=0.1,
                        draft_seconds=0.2, verify_seconds=0.6, accepted_per_step=[2, 0, 1],
                        depth_per_step=[2, 2, 2], tokens_per_step=[3, 1, 2],
                        step_seconds=[0.3, 0.3, 0.3])
     s = summarize([record])
-    assert s["tau"] == 2.0 and s["tokens_per_second"] == 6.0
+    assert s["tau"] == 2.0 and s["tokens_per_second"] == 7.0
     assert s["time_split"]["bookkeeping"] == pytest.approx(0.1)
-    # per-token latencies: 0.1 x3, 0.3 x1, 0.15 x2 -> median 0.125 s
+    # per-token latencies of the steps' tokens: 0.1 x3, 0.3 x1, 0.15 x2 -> median 0.125 s
     assert s["latency_ms_p50"] == pytest.approx(125.0)
+    assert s["ttft_ms_p50"] == pytest.approx(100.0)  # the prefill's
 
 
 def test_speedup_is_relative_to_the_baseline_in_the_same_set():

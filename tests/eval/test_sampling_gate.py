@@ -35,7 +35,7 @@ from tests.helpers.tiny_targets import tiny_target
 
 V = 16
 SAMPLES = 120
-PROMPT = [3, 5, 7, 2, 9, 11, 4, 3, 5]
+PROMPT = [3, *(x for t in range(V) for x in (5, t)), 9, 11, 4, 3, 5]  # 5 then every token
 
 
 def test_p_value_matches_scipy():
@@ -108,8 +108,9 @@ def test_every_method_passes_the_gate_on_a_tiny_vocabulary(tmp_path):
         if "draft_vocab_size" in settings:
             settings["draft_vocab_size"] = V - 4
         drafters[kind] = (kind, build_drafter(kind, model, settings))
-    # PROMPT ends in a 2-token suffix it holds earlier: the hybrid (min n-gram 2) drafts its
-    # first step from prompt lookup
+    # PROMPT ends in 5 and holds 5 followed by every token: whatever the first token x, the
+    # suffix (5, x) occurs earlier, so the hybrid (min n-gram 2) drafts its first step from
+    # prompt lookup
     methods = ("plain", "draft_model", *(f"drafter@{k}" for k in drafters),
                "drafter_lookup@eagle3")
     executor = _executor(tmp_path, methods, model, weak, drafters)

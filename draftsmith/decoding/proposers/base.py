@@ -27,10 +27,14 @@ from draftsmith.errors import DraftsmithError
 class Proposer(Protocol):
     """Builds a draft tree each step and follows what the target accepted.
 
-    The decoding loop calls `reset` once per prompt with the committed context (every prompt
-    token but the last) and the target's prefill output, then per step `propose(root, ...)`, where
-    root is the last chosen token (not yet verified by a forward), and `observe` with the accepted
-    path's tokens (root first) and the target's outputs for those nodes.
+    The decoding loop calls `reset` once per prompt with the committed context (the whole
+    prompt, at least one token) and the target's prefill output over it, whose logits at the last
+    prompt token chose the first new token, as in plain decoding. Then per step
+    `propose(root, ...)`, where root is the last chosen token (the first new token, then each
+    step's bonus token: not yet forwarded by the target), and `observe` with the accepted path's
+    tokens (root first) and the target's outputs for those nodes. So at every `propose` the
+    target has forwarded every token before the root, and its outputs for them have come through
+    `reset` and `observe`.
 
     Attributes:
         name: the method's name in reports.
@@ -43,7 +47,8 @@ class Proposer(Protocol):
     needs_hidden_states: bool
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
-        """Start a prompt: `context` is committed in the target's cache, `target_out` its output."""
+        """Start a prompt: `context` (the prompt) is committed in the target's cache, `target_out`
+        is the prefill's output (logits at its last token, hidden states of all its tokens)."""
 
     def propose(self, root: int, max_depth: int) -> Tree:
         """The tree to verify after `root`, at most `max_depth` drafts deep."""

@@ -92,8 +92,8 @@ class BlockDrafterProposer:
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
         self.context = None
         self.token_ids = self.drafter.draft_ids()  # target id of each head column, once per prompt
-        self.pending = (self.drafter.target_feature(
-            target_out.last_hidden, target_out.hidden_states, slice(None)) if context else None)
+        self.pending = self.drafter.target_feature(
+            target_out.last_hidden, target_out.hidden_states, slice(None))
 
     def _feed(self) -> None:
         """Append the pending features' keys and values to every layer's context."""
@@ -110,7 +110,7 @@ class BlockDrafterProposer:
     def propose(self, root: int, max_depth: int) -> Tree:
         device = self.drafter.fc.weight.device
         self._feed()
-        if self.context is None or max_depth < 1:  # a one-token prompt: no context feature yet
+        if max_depth < 1:
             return root_only_tree(root, device)
         anchor = torch.tensor(root, device=device)
         hidden = self.drafter.draft_block(anchor, self.context)  # (P, H)

@@ -20,7 +20,7 @@ from draftsmith.decoding.proposers.tree_expansion import (
     grow_static_tree,
 )
 from draftsmith.decoding.runner import ForwardOutput
-from draftsmith.decoding.tree import Tree, root_only_tree
+from draftsmith.decoding.tree import Tree
 from draftsmith.models.contracts import FeatureDrafterModule
 
 
@@ -53,9 +53,8 @@ class FeatureDrafterProposer:
         self.keys = self.values = None
         self.length = 0
         self.pending_tokens = list(context[1:])
-        self.pending_features = (self.drafter.target_feature(
+        self.pending_features = self.drafter.target_feature(
             target_out.last_hidden, target_out.hidden_states, slice(None))
-            if context else None)
 
     def _mask(self, rows: int, visible_tree: torch.Tensor) -> torch.Tensor:
         """(1, 1, rows, committed + tree) bool: committed entries visible, tree part given."""
@@ -65,9 +64,6 @@ class FeatureDrafterProposer:
     @torch.inference_mode()
     def propose(self, root: int, max_depth: int) -> Tree:
         device = self.device = next(self.drafter.parameters()).device
-        if self.pending_features is None and self.keys is None:
-            # a one-token prompt: no target feature before the root yet; verify the root alone
-            return root_only_tree(root, device)
         tokens = torch.tensor([*self.pending_tokens, root], device=device)
         n = tokens.shape[0]
         if self.pending_features is None or self.pending_features.shape[0] != n:
@@ -107,8 +103,7 @@ class FeatureDrafterProposer:
     def skip(self, root: int) -> None:
         """This step's tree came from elsewhere (a hybrid's prompt lookup): keep the root's entry
         pending with the verified path's, so the next `propose` feeds them all at once."""
-        if self.pending_features is not None or self.keys is not None:
-            self.pending_tokens.append(root)
+        self.pending_tokens.append(root)
 
     def observe(self, path_tokens: list[int], target_out: ForwardOutput, path: list[int]) -> None:
         index = torch.tensor(path, device=target_out.last_hidden.device)

@@ -32,17 +32,17 @@ class MedusaProposer:
         self.name = name
         depth = len(heads.heads)
         self.choices = tuple(c for c in choices if len(c) <= depth)
-        self.hidden: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None  # the state whose logits chose the root
 
     def reset(self, context: list[int], target_out: ForwardOutput) -> None:
-        self.hidden = target_out.last_hidden[-1] if target_out.last_hidden is not None else None
+        self.hidden = target_out.last_hidden[-1]
 
     @torch.inference_mode()
     def propose(self, root: int, max_depth: int) -> Tree:
         choices = [c for c in self.choices if len(c) <= max_depth]
         ordered, parents = static_tree_choices(choices)
         device = next(self.heads.parameters()).device
-        if len(ordered) == 1 or self.hidden is None:
+        if len(ordered) == 1:
             return root_only_tree(root, device)
         logits = self.heads(self.hidden[None, None])[:, 0, 0]  # (K, V)
         widest = max(c[-1] for c in ordered[1:]) + 1
