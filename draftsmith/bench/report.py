@@ -30,6 +30,7 @@ from draftsmith.bench.report_stats import (
     method_names,
     set_mean,
 )
+from draftsmith.eval.methods import Method
 
 
 def _trees(bench: dict) -> str:
@@ -275,13 +276,12 @@ def summary_section(benches: list[dict]) -> list[str]:
         machine = f"{run.get('hardware', '?').split(' (')[0].replace('(R)', '')}, " \
                   f"{(run.get('machine') or {}).get('dtype') or cfg.get('dtype', '?')}"
         for method in summary.get("all", {}):
-            base, _, label = method.partition("@")
-            kind = ((bench.get("training") or {}).get(label) or {}).get("kind")
+            parsed = Method.parse(method)
+            kind = ((bench.get("training") or {}).get(parsed.label) or {}).get("kind")
             speedup = set_mean(summary, method, "speedup")
             if kind not in DRAFTERS or speedup is None:
                 continue
-            drafter = DRAFTERS[kind].title + (" + prompt lookup" if base == "drafter_lookup"
-                                              else "")
+            drafter = DRAFTERS[kind].title + (" + prompt lookup" if parsed.with_lookup else "")
             key = (cfg["target"], drafter)
             if key in best and best[key][0] >= speedup:
                 continue

@@ -12,7 +12,7 @@ from draftsmith.bench.report_stats import (
     set_mean,
     step_ms,
 )
-from draftsmith.eval.methods import split_method
+from draftsmith.eval.methods import Method
 
 
 def bars(bench: dict) -> tuple[list[str], list[str]]:
@@ -34,8 +34,7 @@ def bars(bench: dict) -> tuple[list[str], list[str]]:
                           f"{need - got:.2f} ({(need - got) / need:.0%}).")
     if cfg.get("speedup_bar"):
         # a hybrid drafts part of its steps by prompt lookup: reported on a line of its own
-        hybrids = [m for m in summary["all"] if m.startswith("drafter_lookup")]
-        trained = [m for m in summary["all"] if m.startswith("drafter") and m not in hybrids]
+        hybrids, trained = hybrids_and_drafters(summary["all"])
         best = max(trained, key=lambda m: set_mean(summary, m, "speedup") or 0, default=None)
         got = set_mean(summary, best, "speedup") if best else None
         need = cfg["speedup_bar"]
@@ -75,8 +74,7 @@ def compared_pairs(bench: dict) -> list[tuple[str, str]]:
     methods = list(summary.get("all", {}))
     pairs = []
     if cfg.get("speedup_bar"):
-        hybrids = [m for m in methods if m.startswith("drafter_lookup")]
-        trained = [m for m in methods if m.startswith("drafter") and m not in hybrids]
+        hybrids, trained = hybrids_and_drafters(methods)
         best = max(trained, key=lambda m: set_mean(summary, m, "speedup") or 0, default=None)
         for baseline in ("prompt_lookup", "draft_model"):
             if baseline in methods:
@@ -149,7 +147,7 @@ def ordering(bench: dict) -> list[str]:
     trees = bench["eval"]["0"].get("tree_budgets") or {}
 
     def why(method: str) -> str:
-        rec = facts.get(split_method(method)[1])
+        rec = facts.get(Method.parse(method).label)
         if not rec:
             return names.get(method, method)
         held = rec.get("held_out", {})
@@ -159,7 +157,7 @@ def ordering(bench: dict) -> list[str]:
         else:
             shape = {"drafter_static": "13-node static tree",
                      "drafter_chain": f"{bench['config']['eval']['num_draft_tokens']}-token chain"
-                     }.get(split_method(method)[0], "its default tree")
+                     }.get(Method.parse(method).base, "its default tree")
         return (f"{names.get(method, method)}: {rec['steps']} steps at "
                 f"{rec['seconds_per_step']:.2f} s/step, held-out acc@1 {_fmt(held.get('acc_0'))}, "
                 f"eval acc@1 {_fmt(depth_rates(summary, method)[0])}, {shape}")
@@ -223,3 +221,11 @@ def limits(bench: dict, overhead: dict | None) -> list[str]:
                          f"{overhead.get('hardware', 'its machine')}): measured speedup over the "
                          "bound set by the target and drafter forwards alone: " + ratios + ".")
     return lines
+
+
+def hybrids_and_drafters(methods) -> tuple[list[str], list[str]]:
+    """The prompt-lookup hybrids among `methods`, and the trained drafters' other methods (a
+    hybrid drafts part of its steps by prompt lookup: its bar line is its own)."""
+    parsed = {m: Method.parse(m) for m in methods}
+    hybrids = [m for m, p in parsed.items() if p.with_lookup]
+    return hybrids, [m for m, p in parsed.items() if p.uses_drafter and not p.with_lookup]

@@ -8,6 +8,8 @@ import random
 import statistics
 from pathlib import Path
 
+from draftsmith.eval.methods import Method
+
 SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
 
 
@@ -45,13 +47,14 @@ def method_names(bench: dict) -> dict:
              for k in cfg.get("kinds") or []}
     for spec in (cfg["eval"].get("passes") or {}).values():
         for method in spec.get("methods") or []:
-            base, _, label = method.partition("@")
-            if method in names or not label:
+            parsed = Method.parse(method)
+            if method in names or not parsed.label:
                 continue
             for named, name in list(names.items()):
-                other_base, _, other = named.partition("@")
-                if other_base == base and other and kinds.get(other) == kinds.get(label):
-                    names[method] = f"{name} [{label}]"
+                other = Method.parse(named)
+                if other.base == parsed.base and other.label and \
+                        kinds.get(other.label) == kinds.get(parsed.label):
+                    names[method] = f"{name} [{parsed.label}]"
                     break
     return names
 

@@ -34,7 +34,7 @@ from draftsmith.bench.train_pace import (
 )
 from draftsmith.bench.train_process import run_training_process
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import split_method
+from draftsmith.eval.methods import Method
 from draftsmith.files import write_json
 from draftsmith.train.budget import steps_for_budget
 from draftsmith.train.metrics import metrics_rows
@@ -274,7 +274,7 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
     ev = config.eval
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)
-    used = {split_method(m)[1] for m in methods}
+    used = {Method.parse(m).label for m in methods}
     tree = {f"tree_{key}": value for key, value in ev.tree.items()}
     datastore = Path(config.out_dir) / "data" / "datastore"
     target = config.target_spec()

@@ -95,14 +95,59 @@ class ProposerSettings:
                                   "n-gram is a token and at least one guess after it)")
 
 
-def split_method(method: str) -> tuple[str, str]:
-    """`drafter_dynamic@eagle1` -> ("drafter_dynamic", "eagle1"); `plain` -> ("plain", "").
+@dataclass(frozen=True)
+class Method:
+    """A decoding method as a value, parsed once from the name users write (`plain`,
+    `drafter_dynamic@eagle1`, `hf_assisted`): its `base` (one of `ALL_METHODS`) and, for a
+    trained drafter's methods, the `label` of the run's drafter it uses ("" for a single
+    unlabelled `--drafter DIR`). Everything past the parse reads its fields, never the string."""
 
-    The label after `@` names one of several drafters evaluated in the same run
-    (`--drafter LABEL=DIR`); a single unlabelled `--drafter DIR` has the label "".
-    """
-    base, _, label = method.partition("@")
-    return base, label
+    base: str
+    label: str = ""
+
+    @classmethod
+    def parse(cls, name: str | Method) -> Method:
+        """`drafter_dynamic@eagle1` -> Method("drafter_dynamic", "eagle1"); a Method passes."""
+        if isinstance(name, Method):
+            return name
+        base, _, label = str(name).partition("@")
+        return cls(base, label)
+
+    def __str__(self) -> str:
+        return f"{self.base}@{self.label}" if self.label else self.base
+
+    @property
+    def uses_drafter(self) -> bool:
+        """A trained drafter's method (`drafter`, `drafter_chain`, ..., `drafter_lookup`)."""
+        return self.base in NEEDS_DRAFTER
+
+    @property
+    def with_lookup(self) -> bool:
+        """The hybrid: the drafter, and prompt lookup's chain where it matches."""
+        return self.base == "drafter_lookup"
+
+    @property
+    def shape(self) -> str | None:
+        """A drafter method's tree shape: `chain`, `static`, `dynamic`, or `default` (its
+        kind's own, `drafter` and the hybrid); None for the other methods."""
+        if not self.uses_drafter:
+            return None
+        return "default" if self.base in ("drafter", "drafter_lookup") else \
+            self.base.split("_", 1)[1]
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.base in NEEDS_DRAFT
+
+    def tree_shape(self, kind: str) -> str:
+        """The tree shape this drafter method decodes with for a drafter of `kind`."""
+        return get_spec(kind).default_tree if self.shape == "default" else self.shape
+
+
+def split_method(method: str) -> tuple[str, str]:
+    """`drafter_dynamic@eagle1` -> ("drafter_dynamic", "eagle1"); `plain` -> ("plain", "")."""
+    parsed = Method.parse(method)
+    return parsed.base, parsed.label
 
 
 def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: str | None = None
@@ -118,7 +163,7 @@ def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: s
         raise DraftsmithError(f"--datastore {datastore} does not exist; pass the datastore/ "
                               "folder of a data run with data.datastore set")
     for method in methods:
-        base, label = split_method(method)
+        base, label = (parsed := Method.parse(method)).base, parsed.label
         if base not in ALL_METHODS:
             raise DraftsmithError(f"unknown method {method!r}; choose from: {', '.join(ALL_METHODS)}"
                                   " (drafter methods may name a drafter: drafter@LABEL)")
@@ -135,29 +180,26 @@ def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: s
 
 def check_hybrid_settings(methods, settings: ProposerSettings) -> None:
     """Refuse a `drafter_lookup` run whose hybrid could never draft from prompt lookup."""
-    uses_hybrid = any(split_method(m)[0] == "drafter_lookup" for m in methods)
+    uses_hybrid = any(Method.parse(m).with_lookup for m in methods)
     if uses_hybrid and settings.hybrid_min_ngram > settings.lookup_max_ngram:
         raise DraftsmithError(f"--hybrid-min-ngram {settings.hybrid_min_ngram} exceeds "
                               f"--lookup-max-ngram {settings.lookup_max_ngram}: prompt lookup "
                               "never matches that long a suffix; lower the one or raise the other")
 
 
-def tree_shape(method: str, kind: str) -> str:
+def tree_shape(method: str | Method, kind: str) -> str:
     """The tree shape a drafter method decodes with: `drafter` takes the kind's default."""
-    base, _ = split_method(method)
-    if base in ("drafter", "drafter_lookup"):
-        return get_spec(kind).default_tree
-    return base.split("_", 1)[1]
+    return Method.parse(method).tree_shape(kind)
 
 
-def decodes_chains(method: str, kind: str | None = None) -> bool:
+def decodes_chains(method: str | Method, kind: str | None = None) -> bool:
     """Whether a method drafts chains (what batched decoding runs); `kind`: its drafter's kind."""
-    base, _ = split_method(method)
-    if base == "drafter_lookup":  # its steps switch between two proposers
+    method = Method.parse(method)
+    if method.with_lookup:  # its steps switch between two proposers
         return False
-    if base in NEEDS_DRAFTER:
-        return tree_shape(method, kind) == "chain"
-    return base in CHAIN_METHODS
+    if method.uses_drafter:
+        return method.tree_shape(kind) == "chain"
+    return method.base in CHAIN_METHODS
 
 
 def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
@@ -181,7 +223,7 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
 def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,
                   draft_model: torch.nn.Module | None = None, drafter=None) -> Proposer:
     """A fresh proposer for one of draftsmith's own methods."""
-    base, _ = split_method(method)
+    base = Method.parse(method).base
     if base == "drafter_lookup":
         inner = make_drafter_proposer(base, drafter, settings, sampling)
         lookup = PromptLookupProposer(settings.lookup_tokens, settings.lookup_max_ngram)
@@ -189,19 +231,19 @@ def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingCon
                                     f"{inner.name}+lookup")
     if base in NEEDS_DRAFTER:
         return make_drafter_proposer(base, drafter, settings, sampling)
-    if method == "plain":
+    if base == "plain":
         return NoDraftProposer()
-    if method == "prompt_lookup":
+    if base == "prompt_lookup":
         return PromptLookupProposer(settings.lookup_tokens, settings.lookup_max_ngram)
-    if method == "lookahead":
+    if base == "lookahead":
         return LookaheadProposer(settings.lookahead_window, settings.lookahead_ngram,
                                  settings.lookahead_guesses, seed=sampling.seed)
-    if method == "rest":
+    if base == "rest":
         return RestProposer(open_datastore(settings.datastore), settings.rest_tokens)
-    if method == "draft_model":
+    if base == "draft_model":
         return DraftModelProposer(draft_model, settings.num_draft_tokens, sampling,
                                   torch.Generator().manual_seed(sampling.seed + 1))
-    if method == "draft_model_tree":
+    if base == "draft_model_tree":
         return DraftModelTreeProposer(draft_model, dynamic=settings.tree)
     raise DraftsmithError(f"{method!r} is not one of draftsmith's decoding methods")
 
