@@ -44,8 +44,9 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
         else:
             shutil.copy2(ROOT / name, src / name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-          "-w", tmp / "dist", src], tmp, env)
+    # build isolation: pyproject.toml's setuptools>=77, not the older one a fresh venv may hold
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp / "dist", src], tmp,
+         env)
     wheel = next((tmp / "dist").glob("draftsmith-*.whl"))
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp, env)
