@@ -49,8 +49,8 @@ ENGINE_VERSIONS = (
     EngineVersion("llama.cpp", "llama.cpp (xllamacpp)", "2026.10.11549", runs_here=True),
 )
 # (format, engine) -> the test that checks the export against the engine's model class
-LOADER_CONTRACTS = {("eagle", "sglang"): "tests/export/test_sglang_loader_contract.py",
-                    ("eagle3", "sglang"): "tests/export/test_sglang_loader_contract.py"}
+LOADER_CONTRACTS = {(fmt, "sglang"): "tests/export/test_sglang_loader_contract.py"
+                    for fmt in ("eagle", "eagle3", "dflash")}
 
 
 def all_formats() -> list[ExportFormat]:

@@ -73,13 +73,15 @@ class Config:
 
 
 class Module:
-    """A constructed module: its own parameters (name -> shape; loading shards) and children."""
+    """A constructed module: its own parameters (name -> shape; loading shards) and children,
+    and the class it was built from (for its methods and class attributes)."""
 
-    def __init__(self):
+    def __init__(self, cls: tuple | None = None):
         self.params: dict[str, tuple[int, ...]] = {}
         self.shards: dict[str, dict] = {}
         self.children: dict[str, Module] = {}
         self.attrs: dict[str, object] = {}
+        self.cls = cls  # (ast.ClassDef, file stem)
 
     def named_parameters(self, prefix: str = "") -> dict[str, tuple[int, ...]]:
         found = {prefix + k: v for k, v in self.params.items()}
@@ -94,15 +96,27 @@ class Module:
         return found
 
 
+class ClassRef:
+    """A class used as a value (`norm_cls = RMSNorm`, a class attribute `attention_cls`)."""
+
+    def __init__(self, name: str, stem: str):
+        self.name, self.stem = name, stem
+
+
 class Return(Exception):
-    pass
+    def __init__(self, value=None):
+        super().__init__()
+        self.value = value
 
 
 class SourceModels:
     """The parsed `models/*.py` files and a constructor walker over them."""
 
-    def __init__(self, models_dir: Path):
+    def __init__(self, models_dir: Path, externals: dict | None = None):
+        """`externals`: functions the model files import from outside models/ (e.g. a config
+        parser), as Python callables standing in for them."""
         self.trees = {p.stem: ast.parse(p.read_text()) for p in models_dir.glob("*.py")}
+        self.externals = dict(externals or {})
 
     def entry_classes(self) -> dict[str, str]:
         """Architecture name -> the file (stem) whose `EntryClass` lists it."""
@@ -140,11 +154,53 @@ class SourceModels:
     def construct(self, name: str, stem: str, config: Config, args=(), kwargs=None) -> Module:
         """The module `name` of file `stem` builds for these arguments."""
         node, where = self._class(name, stem)
-        module = Module()
+        module = Module((node, where))
         self._run_init(node, where, module, config, list(args), dict(kwargs or {}))
         return module
 
+    def _method(self, cls: tuple, name: str):
+        """(method FunctionDef, its class, stem) along the first-base chain, or None."""
+        node, stem = cls
+        while node is not None:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item, node, stem
+            base = self._base(node, stem)
+            node, stem = base if base is not None else (None, None)
+        return None
+
+    def _class_attr(self, module: Module, name: str):
+        """A class-body assignment `name = ...` of the module's class or its first bases."""
+        if module.cls is None:
+            return UNKNOWN
+        node, stem = module.cls
+        while node is not None:
+            for item in node.body:
+                if isinstance(item, ast.Assign) and any(
+                        getattr(t, "id", "") == name for t in item.targets):
+                    return self._eval(item.value, {"self": module}, stem)
+            base = self._base(node, stem)
+            node, stem = base if base is not None else (None, None)
+        return UNKNOWN
+
+    def _call_method(self, module: Module, name: str, args, kwargs, config):
+        found = self._method(module.cls, name) if module.cls else None
+        if found is None:
+            return UNKNOWN
+        func, cls, stem = found
+        env = {"self": module, "config": config}
+        params = func.args.args[1:]
+        for i, arg in enumerate(params):
+            env[arg.arg] = args[i] if i < len(args) else kwargs.get(arg.arg, UNKNOWN)
+        try:
+            self._run(func.body, env, stem, cls, module, config)
+        except Return as done:
+            return done.value
+        return None
+
     def _run_init(self, node: ast.ClassDef, stem: str, module: Module, config, args, kwargs):
+        if module.cls is None:
+            module.cls = (node, stem)
         init = next((f for f in node.body if isinstance(f, ast.FunctionDef)
                      and f.name == "__init__"), None)
         if init is None:  # inherited
@@ -214,7 +270,7 @@ class SourceModels:
             elif isinstance(stmt, ast.With):
                 self._run(stmt.body, env, stem, cls, module, config)
             elif isinstance(stmt, ast.Return):
-                raise Return
+                raise Return(None if stmt.value is None else self._eval(stmt.value, env, stem))
             elif isinstance(stmt, ast.Raise):
                 raise ValueError(f"{cls.name}.__init__ raises for this config (line {stmt.lineno})")
 
@@ -223,14 +279,25 @@ class SourceModels:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
-            return env.get(node.id, {"True": True, "False": False, "None": None}.get(node.id,
-                                                                                      UNKNOWN))
+            if node.id in env:
+                return env[node.id]
+            if node.id in ("True", "False", "None"):
+                return {"True": True, "False": False, "None": None}[node.id]
+            if node.id in LEAVES or self.has_class(node.id, stem):
+                return ClassRef(node.id, stem)
+            return UNKNOWN
         if isinstance(node, ast.Attribute):
             base = ev(node.value)
             if isinstance(base, Config):
                 return base.values.get(node.attr, UNKNOWN)
             if isinstance(base, Module):
-                return base.children.get(node.attr, base.attrs.get(node.attr, UNKNOWN))
+                if node.attr in base.children:
+                    return base.children[node.attr]
+                if node.attr in base.attrs:
+                    return base.attrs[node.attr]
+                return self._class_attr(base, node.attr)
+            if isinstance(base, External):
+                return getattr(base, node.attr, UNKNOWN)
             return UNKNOWN
         if isinstance(node, ast.Call):
             return self._call(node, env, stem)
@@ -295,11 +362,26 @@ class SourceModels:
             if isinstance(owner, dict):
                 return owner.get(*args)
             return UNKNOWN
-        if name in ("int", "max", "min", "len", "range", "list") and isinstance(func, ast.Name):
+        if isinstance(func, ast.Name) and name in self.externals:
+            return self.externals[name](*args, **kwargs)
+        if isinstance(func, ast.Attribute):
+            owner = self._eval(func.value, env, stem)
+            if isinstance(owner, External):
+                return getattr(owner, name)(*args, **kwargs)
+            if isinstance(owner, Module) and isinstance(func.value, ast.Name) \
+                    and func.value.id == "self" and name not in owner.children:
+                found = self._class_attr(owner, name) if owner.cls else UNKNOWN
+                if isinstance(found, ClassRef):
+                    return self._construct_ref(found, args, kwargs, env)
+                return self._call_method(owner, name, args, kwargs, env["config"])
+        if name in ("int", "float", "max", "min", "len", "range", "list") \
+                and isinstance(func, ast.Name) and name not in env:
             if any(a is UNKNOWN for a in args):
                 return UNKNOWN
-            return {"int": int, "max": max, "min": min, "len": len, "range": lambda *a:
-                    list(range(*a)), "list": list}[name](*args)
+            return {"int": int, "float": float, "max": max, "min": min, "len": len,
+                    "range": lambda *a: list(range(*a)), "list": list}[name](*args)
+        if isinstance(func, ast.Name) and isinstance(env.get(name), ClassRef):
+            return self._construct_ref(env[name], args, kwargs, env)
         if name == "ModuleList":
             module = Module()
             module.children = {str(i): m for i, m in enumerate(args[0] if args else [])
@@ -310,6 +392,16 @@ class SourceModels:
         if name and self.has_class(name, stem):
             return self.construct(name, stem, env["config"], args, kwargs)
         return UNKNOWN
+
+    def _construct_ref(self, ref: ClassRef, args, kwargs, env):
+        if ref.name in LEAVES:
+            return leaf(ref.name, args, kwargs)
+        return self.construct(ref.name, ref.stem, env["config"], args, kwargs)
+
+
+class External:
+    """Base of the Python stand-ins for objects that functions outside models/ return (their
+    attributes and methods are read directly by the walker)."""
 
 
 def leaf(kind: str, args: list, kwargs: dict) -> Module:
@@ -363,3 +455,52 @@ def stacked_params_mapping(models: SourceModels, stem: str, cls: str) -> list[tu
                 getattr(t, "id", "") == "stacked_params_mapping" for t in item.targets):
             return [tuple(ast.literal_eval(e)) for e in item.value.elts]
     return []
+
+
+class DFlashDraftConfig(External):
+    """What sglang 0.5.23's `parse_dflash_draft_config` (`speculative/dflash_utils.py`, lines
+    588-700; outside models/, so not walked) reads from a DFlash config.json: `block_size`,
+    `num_target_layers` and `target_layer_ids` from `dflash_config`, else the top level; the
+    grouped convolution, candidate selector, Domino projector and attention sinks stay off
+    unless `dflash_config` asks for them (draftsmith writes none of them)."""
+
+    def __init__(self, draft_hf_config: Config):
+        values = draft_hf_config.values
+        flags = values.get("dflash_config") or {}
+        pick = lambda key: flags.get(key, values.get(key))  # noqa: E731
+        self.block_size, self.num_target_layers = pick("block_size"), pick("num_target_layers")
+        self.target_layer_ids = pick("target_layer_ids")
+        self.conv_kernel_size = flags.get("conv_kernel_size", 0)
+        self.conv_group_size = flags.get("conv_group_size", 0)
+        self.projector_type = flags.get("projector_type", "dflash")
+        self.is_domino = self.projector_type == "domino"
+        self.shift_label = flags.get("shift_label", False)
+        self.attention_value_scale = flags.get("attention_value_scale")
+        self.attention_sink_bias = bool(flags.get("attention_sink_bias", False))
+
+    def resolve_block_size(self, *, default=None):
+        return self.block_size if self.block_size is not None else default
+
+    def resolve_target_layer_ids(self, *, target_num_layers, draft_num_layers=None):
+        """The recorded ids (SGLang checks each is below target_num_layers); without them
+        SGLang guesses with build_target_layer_ids, which the contract refuses to rely on."""
+        if not self.target_layer_ids:
+            raise ValueError("no target_layer_ids: SGLang would guess the fused layers")
+        if any(not 0 <= i < target_num_layers for i in self.target_layer_ids):
+            raise ValueError(f"target_layer_ids {self.target_layer_ids} outside "
+                             f"{target_num_layers} target layers")
+        return list(self.target_layer_ids)
+
+
+def is_nemotron_35_draft_config(config: Config) -> bool:
+    """sglang 0.5.23's test (`dflash_utils.py` line 461): a Nemotron-3.5 draft ships its own
+    embedding (`has_embed_tokens`); draftsmith's never does."""
+    if config.values.get("has_embed_tokens"):
+        raise ValueError("has_embed_tokens: the Nemotron-3.5 layout is not modelled")
+    return False
+
+
+DFLASH_EXTERNALS = {
+    "parse_dflash_draft_config": lambda draft_hf_config: DFlashDraftConfig(draft_hf_config),
+    "is_nemotron_35_draft_config": is_nemotron_35_draft_config,
+}

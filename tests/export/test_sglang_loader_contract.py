@@ -1,6 +1,7 @@
 """Exports against SGLang's own loaders, read from its released source (SGLang needs a GPU, so it
 cannot run here; issue 52): the architecture SGLang builds must be the class of the algorithm
-(`--speculative-algorithm EAGLE`: `models/llama_eagle.py`; `EAGLE3`: `models/llama_eagle3.py`),
+(`--speculative-algorithm EAGLE`: `models/llama_eagle.py`; `EAGLE3`: `models/llama_eagle3.py`;
+`DFLASH`: `models/dflash.py`, its config parser stood in for by `DFlashDraftConfig`),
 and every exported tensor must land, by the class's weight loader, on a parameter it declares,
 with that parameter's shape; every declared parameter but those the worker takes from the target
 must be loaded. The old EAGLE-1 export (`LlamaForCausalLM`, `bias: true`) fails.
@@ -191,3 +192,83 @@ def test_eagle3_contract_catches_a_lost_head_or_layer_count(sglang, tmp_path):
     assert any("lm_head.weight: shape" in p for p in sglang_eagle3_mismatches(sglang, out))
     (out / "config.json").write_text(json.dumps({**config, "architectures": ["Eagle3DraftModel"]}))
     assert "not SGLang's EAGLE-3 class" in sglang_eagle3_mismatches(sglang, out)[0]
+
+
+@pytest.fixture(scope="module")
+def sglang_dflash(sglang):
+    from tests.export.sglang_source import DFLASH_EXTERNALS
+
+    sglang.externals.update(DFLASH_EXTERNALS)
+    return sglang
+
+
+def sglang_dflash_mismatches(models: SourceModels, folder) -> list[str]:
+    """What SGLang 0.5.23's DFLASH path (`DFlashDraftModel`, models/dflash.py) would not load as
+    exported. Its loader resolves a name as written, without or with `model.`, or through its
+    vendor aliases, after its stacked mapping (`.q_proj.` -> `qkv_proj` shard q ...), and skips
+    what resolves to nothing; the draft has no embedding or head (the target's are used)."""
+    config = json.loads((folder / "config.json").read_text())
+    arch = config["architectures"][0]
+    entries = models.entry_classes()
+    if entries.get(arch) != "dflash":
+        return [f"architecture {arch} builds models/{entries.get(arch, '?')}.py, not SGLang's "
+                "DFlash class (models/dflash.py)"]
+    try:
+        declared = models.construct(arch, "dflash", Config(config))
+    except ValueError as err:
+        return [f"SGLang cannot build the draft from config.json: {err}"]
+    params, shards = declared.named_parameters(), declared.named_shards()
+    aliases = loader_dict(models, "dflash", "DFlashDraftModel", "_VENDOR_ENCODER_ALIASES")
+    mapping = stacked_params_mapping(models, "dflash", "DFlashDraftModel")
+
+    def resolve(name: str) -> str | None:
+        for candidate in (name, name.removeprefix("model."), f"model.{name}",
+                          aliases.get(name)):
+            if candidate in params:
+                return candidate
+        return None
+
+    problems, loaded = [], set()
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        target, shard = None, None
+        for param_name, weight_name, shard_id in mapping:
+            if f".{weight_name}." in name:
+                target, shard = resolve(name.replace(weight_name, param_name)), shard_id
+                break
+        else:
+            target = resolve(name)
+        if target is None:
+            problems.append(f"{name}: no parameter (skipped by the loader)")
+            continue
+        want = params[target] if shard is None else shards[target][shard]
+        if tuple(tensor.shape) != tuple(want):
+            problems.append(f"{name}: shape {list(tensor.shape)}, {target} needs {list(want)}")
+        loaded.add(target)
+    problems += [f"{p} {list(s)} is not in the export (left uninitialised)"
+                 for p, s in params.items() if p not in loaded]
+    return problems
+
+
+def test_dflash_export_loads_in_sglang(sglang_dflash, tmp_path):
+    _, _, folder = make_checkpoint(tmp_path, "dflash")
+    out = export_drafter(folder, "dflash", tmp_path / "out")
+    assert sglang_dflash_mismatches(sglang_dflash, out) == []
+
+
+def test_dflash_contract_catches_what_sglang_would_not_serve(sglang_dflash, tmp_path):
+    """A reduced draft vocabulary (SGLang declares no head and skips d2t: the registry refuses
+    SGLang for it, issue 52 case 7), ids it would have to guess, the speculators layout."""
+    _, _, folder = make_checkpoint(tmp_path, "dflash", settings={
+        "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
+    out = export_drafter(folder, "dflash", tmp_path / "vocab")
+    assert any(p.startswith("d2t: no parameter") for p in sglang_dflash_mismatches(
+        sglang_dflash, out))
+    _, _, folder = make_checkpoint(tmp_path / "full", "dflash")
+    out = export_drafter(folder, "dflash", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    no_ids = {**config, "dflash_config": {k: v for k, v in config["dflash_config"].items()
+                                          if k != "target_layer_ids"}}
+    (out / "config.json").write_text(json.dumps(no_ids))
+    assert "guess" in sglang_dflash_mismatches(sglang_dflash, out)[0]
+    speculators = export_drafter(folder, "dflash-speculators", tmp_path / "speculators")
+    assert "not SGLang's DFlash class" in sglang_dflash_mismatches(sglang_dflash, speculators)[0]
