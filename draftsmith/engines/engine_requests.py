@@ -29,6 +29,8 @@ class EngineAnswer:
     predicted_ms: float
     draft_n: int = 0
     draft_accepted: int = 0
+    drafts: int | None = None  # drafts made for this answer (the engine's counter's change)
+    accepted_per_position: list[int] | None = None  # its accepted drafts at each position
 
     @property
     def target_steps(self) -> int:
@@ -93,6 +95,18 @@ def accepted_per_position(metrics: dict[str, float], draft_max: int,
     """Accepted draft tokens at each draft position over all drafts (the engine's counters)."""
     name = f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total"
     return [metric_total(metrics, name, k) for k in range(draft_max)]
+
+
+def count_answer(answer: EngineAnswer, before: dict[str, float], after: dict[str, float],
+                 draft_max: int, prefix: str) -> None:
+    """Set the answer's drafts and accepted tokens per draft position from the engine's
+    counters read before and after its request (one request at a time)."""
+    drafts = f"{prefix}:spec_decode_num_drafts_total"
+    answer.drafts = round(metric_total(after, drafts) - metric_total(before, drafts))
+    answer.accepted_per_position = [
+        round(a - b) for a, b in zip(accepted_per_position(after, draft_max, prefix),
+                                     accepted_per_position(before, draft_max, prefix),
+                                     strict=True)]
 
 
 def complete_greedy_openai(base_url: str, model: str, prompt_ids: list[int], max_new_tokens: int,

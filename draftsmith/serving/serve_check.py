@@ -31,6 +31,7 @@ from draftsmith.engines.engine_requests import (
     accepted_per_position,
     complete_greedy,
     complete_greedy_openai,
+    count_answer,
     metric_total,
     read_metrics,
 )
@@ -137,12 +138,18 @@ def run_engine(gguf: Path, prompts: list[list[int]], settings: ServeCheckSetting
     with LlamaCppServer(gguf, parallel=1, ctx_per_slot=_context(prompts, settings),
                         threads=settings.threads, log_path=log_path, log=log, draft=draft,
                         metrics=True, device=settings.device) as server:
+        answers, before = [], read_metrics(server.root_url)
         try:
-            answers = [complete_greedy(server.root_url, ids, settings.max_new_tokens)
-                       for ids in prompts]
+            for ids in prompts:
+                answer = complete_greedy(server.root_url, ids, settings.max_new_tokens)
+                after = read_metrics(server.root_url)
+                if draft is not None:
+                    count_answer(answer, before, after, draft.draft_max, "llamacpp")
+                answers.append(answer)
+                before = after
         except DraftsmithError as err:
             raise engine_abort(err, log_path, gguf, draft) from None
-        return EngineRun(answers, read_metrics(server.root_url))
+        return EngineRun(answers, before)
 
 
 LAYER_INPUTS_MISSING = "layer input tensor is null"
@@ -218,6 +225,9 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], settings: ServeCheckSet
             answer.draft_n = round(metric_total(after, drafted) - metric_total(before, drafted))
             answer.draft_accepted = round(metric_total(after, accepted)
                                           - metric_total(before, accepted))
+            if speculative:
+                count_answer(answer, before, after, speculative["num_speculative_tokens"],
+                             "vllm")
             answers.append(answer)
             before = after
     run = EngineRun(answers, before)
