@@ -9,9 +9,10 @@ the answers (`data.regenerate.backend`):
   * `openai`: an OpenAI-compatible server (see `server_client.py`), e.g. vLLM or SGLang on GPUs,
     or llama.cpp's server that draftsmith starts itself on the target's GGUF (`base_url: local`).
 
-A conversation stops early when its prompt no longer fits `max_length` or an answer comes back
-empty (skipped, counted by reason); one whose request the server refused is failed (listed with
-its error). Every conversation of the input is regenerated, failed or skipped.
+Each shard is answered turn by turn (`regeneration_turns.py`). A conversation stops early when its
+prompt no longer fits `max_length` or an answer comes back empty (skipped, counted by reason); one
+whose request the server refused is failed (listed with its error). Every conversation of the
+input is regenerated, failed or skipped.
 
 Output: `shard-00000.jsonl` ... holding `{"id", "index", "messages", "stops"}` records (`stops`
 says per answer whether it ended at EOS or at the cap; an answer cut at the cap is also marked
@@ -27,7 +28,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from draftsmith.data.batching import plan_batches
 from draftsmith.data.config import RegenerateConfig
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.identity import TargetIdentity, text_sha256
-from draftsmith.data.render import prompt_ids
+from draftsmith.data.regeneration_turns import regenerate_shard
 from draftsmith.data.server_client import Reply
 from draftsmith.data.shards import ShardReport, open_run, record_shard
 from draftsmith.errors import DraftsmithError
@@ -56,6 +57,47 @@ class RegenerationReport(ShardReport):
     @property
     def new_tokens(self) -> int:
         return self.tokens
+
+    def add_shard(self, shard: AnsweredShard) -> None:
+        """Count a shard this call wrote."""
+        self.wrote(shard.seconds, shard.new_tokens)
+        self.conversations_written += len(shard.records)
+        self.dropped.update(shard.dropped)
+        self.failed += shard.failed
+
+
+@dataclass
+class AnsweredShard:
+    """One shard regenerated (`regenerate_shard`), as `regenerate` saves and counts it.
+
+    Attributes:
+        index, first, count: the shard's index, its first conversation's index, its size.
+        records, new_tokens, dropped, failed: what `regenerate_shard` returns.
+        seconds: how long the answers took.
+    """
+
+    index: int
+    first: int
+    count: int
+    records: list[dict]
+    new_tokens: int
+    dropped: Counter
+    failed: list[dict]
+    seconds: float
+
+    @property
+    def file(self) -> str:
+        return f"shard-{self.index:05d}.jsonl"
+
+    def manifest_entry(self) -> dict:
+        """How the run's manifest records the shard."""
+        return {
+            "index": self.index, "file": self.file, "first": self.first, "count": self.count,
+            "written": len(self.records), "new_tokens": self.new_tokens,
+            "seconds": round(self.seconds, 3),
+            "stops": dict(Counter(s for r in self.records for s in r["stops"])),
+            "dropped": dict(self.dropped), "failed": self.failed,
+        }
 
 
 @torch.inference_mode()
@@ -127,88 +169,6 @@ class ServerResponder:
                                         seed=s.seed * 1_000_003)
 
 
-def _prompt_messages(conversation: Conversation, answers: list[str]) -> list[dict]:
-    """System prompt, then user turns interleaved with the answers so far, ending with a user turn."""
-    system = conversation.messages[:1] if conversation.system is not None else ()
-    messages = [dict(m) for m in system]
-    for turn, user in enumerate(conversation.user_turns[: len(answers) + 1]):
-        messages.append({"role": "user", "content": user})
-        if turn < len(answers):
-            messages.append({"role": "assistant", "content": answers[turn]})
-    return messages
-
-
-def regenerate_shard(
-    respond, tokenizer, conversations: Sequence[Conversation], first_index: int, *,
-    template: str, max_length: int, progress: tqdm | None = None,
-) -> tuple[list[dict], int, Counter, list[dict]]:
-    """Regenerate one shard turn by turn (round k answers every conversation's k-th user turn).
-
-    Args:
-        respond: a backend (`InProcessResponder`, `ServerResponder`): a list of
-            `(key, messages, prompt_ids)` requests in, one `Reply` per request out.
-
-    Returns:
-        the output records in input order, the number of generated tokens (EOS included), the
-        skip counts by reason, and the failed conversations (`{"index", "id", "error"}`).
-    """
-    answers: list[list[str]] = [[] for _ in conversations]
-    stops: list[list[str]] = [[] for _ in conversations]
-    alive = [True] * len(conversations)
-    dropped: Counter = Counter()  # skipped conversations by reason (each counted once)
-    cut: dict[int, str] = {}  # why a conversation's regeneration stopped before its last turn
-    failed: dict[int, str] = {}
-    new_tokens = 0
-    for turn in range(max(c.num_pairs for c in conversations)):
-        pending, requests = [], []
-        for i, conversation in enumerate(conversations):
-            if not alive[i] or conversation.num_pairs <= turn:
-                continue
-            messages = _prompt_messages(conversation, answers[i])
-            ids = prompt_ids(tokenizer, messages, template)
-            if len(ids) >= max_length:
-                alive[i] = False
-                cut[i] = "prompt reached max_length"
-                continue
-            pending.append(i)
-            requests.append(((first_index + i) * 64 + turn, messages, ids))
-        for i, reply in zip(pending, respond(requests), strict=True):
-            if reply.error is not None:
-                alive[i] = False
-                failed[i] = reply.error
-                continue
-            new_tokens += reply.tokens
-            text = reply.text.strip()
-            if not text:
-                alive[i] = False
-                cut[i] = "empty answer"
-                continue
-            answers[i].append(text)
-            stops[i].append(reply.stop)
-        if progress is not None:
-            progress.set_postfix(turn=turn + 1, new_tokens=new_tokens, refresh=False)
-    records = []
-    for i, conversation in enumerate(conversations):
-        if i in failed:
-            continue
-        if not answers[i]:
-            dropped[cut.get(i, "no answer")] += 1
-            continue
-        if i in cut:  # kept with the turns answered before the cut
-            dropped[f"later turns cut ({cut[i]}), conversation kept"] += 1
-        messages = _prompt_messages(conversation, answers[i][:-1])
-        messages.append({"role": "assistant", "content": answers[i][-1]})
-        assistant = [m for m in messages if m["role"] == "assistant"]
-        for message, stop in zip(assistant, stops[i], strict=True):
-            if stop == "max_new_tokens":
-                message["cut"] = True
-        records.append({"id": conversation.id, "index": first_index + i, "messages": messages,
-                        "stops": stops[i]})
-    failures = [{"index": first_index + i, "id": conversations[i].id, "error": error}
-                for i, error in sorted(failed.items())]
-    return records, new_tokens, dropped, failures
-
-
 def conversations_sha256(conversations: Sequence[Conversation]) -> str:
     """Fingerprint of the input conversations (ids and messages, in order)."""
     digest = hashlib.sha256()
@@ -254,16 +214,46 @@ def regenerate(
     identity = identity or TargetIdentity.of(model, tokenizer)
     size = settings.shard_size
     num_shards = -(-len(conversations) // size)
-    run_settings = {
+    manifest = open_run(out_dir, "regenerated", _run_settings(
+        identity, template, settings, max_length, eos_ids, conversations))
+    if settings.backend == "openai" and server is None:
+        raise ValueError("data.regenerate.backend is openai but no server was given")
+    respond = _first_use_responder(model, tokenizer, settings, eos_ids, server)
+    report = RegenerationReport.start(out_dir, manifest, num_shards)
+    budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
+    bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",
+               disable=not progress, smoothing=0.1)
+    bar.update(sum(s["count"] for s in manifest["shards"]))
+    sizes = [len(conversations[i * size: (i + 1) * size]) for i in range(num_shards)]
+    for index in report.pending(manifest, sizes, "count", settings.max_minutes,
+                                stop_after_shards):
+        shard = _answer_shard(respond, tokenizer, conversations, index, settings,
+                              template=template, max_length=max_length, progress=bar)
+        _save_shard(out_dir, manifest, shard)
+        report.add_shard(shard)
+        bar.update(shard.count)
+    bar.close()
+    return report
+
+
+def _run_settings(identity: TargetIdentity, template: str, settings: RegenerateConfig,
+                  max_length: int, eos_ids: Sequence[int],
+                  conversations: Sequence[Conversation]) -> dict:
+    """Everything that decides a regeneration run's shards (a resumed run must match it)."""
+    return {
         "target": identity.to_json(), "chat_template_sha256": text_sha256(template),
         "generation": {k: getattr(settings, k) for k in
                        ("backend", "max_new_tokens", "temperature", "top_p", "seed")},
-        "shard_size": size, "max_length": max_length, "eos_ids": sorted(eos_ids),
-        "conversations": len(conversations), "conversations_sha256": conversations_sha256(conversations),
+        "shard_size": settings.shard_size, "max_length": max_length, "eos_ids": sorted(eos_ids),
+        "conversations": len(conversations),
+        "conversations_sha256": conversations_sha256(conversations),
     }
-    manifest = open_run(out_dir, "regenerated", run_settings)
-    if settings.backend == "openai" and server is None:
-        raise ValueError("data.regenerate.backend is openai but no server was given")
+
+
+def _first_use_responder(model, tokenizer, settings: RegenerateConfig, eos_ids: Sequence[int],
+                         server) -> Callable[[Sequence], list[Reply]]:
+    """The backend `settings.backend` names, built when it is first asked (a finished run
+    builds none and starts no server; `server` may be a callable that returns one)."""
     responder = None
 
     def respond(requests):
@@ -274,35 +264,27 @@ def regenerate(
             else:
                 responder = InProcessResponder(model, tokenizer, settings, eos_ids)
         return responder(requests)
-    report = RegenerationReport.start(out_dir, manifest, num_shards)
-    budget = f" (budget {settings.max_minutes:g} min)" if settings.max_minutes else ""
-    bar = tqdm(total=len(conversations), desc=f"regenerate{budget}", unit="conv",
-               disable=not progress, smoothing=0.1)
-    bar.update(sum(s["count"] for s in manifest["shards"]))
-    sizes = [len(conversations[i * size: (i + 1) * size]) for i in range(num_shards)]
-    for index in report.pending(manifest, sizes, "count", settings.max_minutes,
-                                stop_after_shards):
-        first = index * size
-        chunk = conversations[first: first + size]
-        torch.manual_seed(settings.seed * 1_000_003 + index)
-        start = time.perf_counter()
-        records, new_tokens, dropped, failed = regenerate_shard(
-            respond, tokenizer, chunk, first, template=template, max_length=max_length,
-            progress=bar)
-        seconds = time.perf_counter() - start
-        name = f"shard-{index:05d}.jsonl"
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        write_atomic(out_dir / name, lambda tmp, text=lines: tmp.write_text(text, encoding="utf-8"))
-        record_shard(out_dir, manifest, {
-            "index": index, "file": name, "first": first, "count": len(chunk),
-            "written": len(records), "new_tokens": new_tokens, "seconds": round(seconds, 3),
-            "stops": dict(Counter(s for r in records for s in r["stops"])), "dropped": dict(dropped),
-            "failed": failed,
-        })
-        report.wrote(seconds, new_tokens)
-        report.conversations_written += len(records)
-        report.dropped.update(dropped)
-        report.failed += failed
-        bar.update(len(chunk))
-    bar.close()
-    return report
+    return respond
+
+
+def _answer_shard(respond, tokenizer, conversations: Sequence[Conversation], index: int,
+                  settings: RegenerateConfig, *, template: str, max_length: int,
+                  progress: tqdm) -> AnsweredShard:
+    """Regenerate shard `index`, sampled with its own seed (a resumed run draws what an
+    uninterrupted one draws), and time it."""
+    first = index * settings.shard_size
+    chunk = conversations[first: first + settings.shard_size]
+    torch.manual_seed(settings.seed * 1_000_003 + index)
+    start = time.perf_counter()
+    records, new_tokens, dropped, failed = regenerate_shard(
+        respond, tokenizer, chunk, first, template=template, max_length=max_length,
+        progress=progress)
+    return AnsweredShard(index, first, len(chunk), records, new_tokens, dropped, failed,
+                         time.perf_counter() - start)
+
+
+def _save_shard(out_dir: Path, manifest: dict, shard: AnsweredShard) -> None:
+    """Write the shard's records atomically, then record it in the run's manifest."""
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in shard.records)
+    write_atomic(out_dir / shard.file, lambda tmp: tmp.write_text(lines, encoding="utf-8"))
+    record_shard(out_dir, manifest, shard.manifest_entry())

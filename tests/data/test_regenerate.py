@@ -124,7 +124,7 @@ def test_time_budget_ends_within_half_a_shard_of_it(target, tmp_path, monkeypatc
 
 
 def test_each_skipped_conversation_is_counted_once_by_its_reason():
-    from draftsmith.data.regenerate import regenerate_shard
+    from draftsmith.data.regeneration_turns import regenerate_shard
     from draftsmith.data.server_client import Reply
 
     tokenizer = char_tokenizer()
