@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,88 +197,171 @@ def build_feature_cache(
     out_dir = Path(out_dir)
     num_layers = num_decoder_layers(model)
     layers = tuple(sorted(set(layers_for_kinds(kinds, num_layers)) | {i + 1 for i in aux_layers}))
-    identity = TargetIdentity.of(model, tokenizer)
     plan = plan_shards([len(s.input_ids) for s in samples], shard_tokens)
-    text_config = model.config.get_text_config()
-    settings = {
-        "target": identity.to_json(), "layers": list(layers), "feature_dtype": dtype,
-        "shard_tokens": shard_tokens, "samples": len(samples), "samples_sha256": samples_sha256(samples),
-    }
-    def opened() -> dict:
-        return open_run(out_dir, KIND, settings, extra={
-            "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
-            "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
-            "vocab_size": int(text_config.vocab_size),
-            "chat_template_sha256": chat_template_sha256,
-            "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * (
-                int(text_config.hidden_size) * FEATURE_STORAGE[dtype].itemsize
-                + (4 if dtype == "float8_e4m3" else 0)),
-        })
-
-    manifest = None
-    for turn in ("main", "others"):  # rank 0 opens (or starts) the run, then the others join it
-        error = None
-        if ranks.is_main == (turn == "main"):
-            try:
-                manifest = opened()  # the others: rank 0's, checked against their settings
-                if ranks.distributed and ranks.is_main:
-                    merge_rank_records(out_dir, manifest)  # of a shared run killed before it merged
-            except DraftsmithError as err:
-                error = str(err)
-        ranks.raise_if_any(error)
-    # the shards this rank writes and has written (one process: all, the manifest itself)
-    own = {"shards": [s for s in manifest["shards"] if ranks.owns(s["index"])]} \
-        if ranks.distributed else manifest
+    settings, extra = _manifest_fields(model, tokenizer, samples, kinds, layers, dtype,
+                                       shard_tokens, chat_template_sha256)
+    manifest = _join_run(out_dir, lambda: open_run(out_dir, KIND, settings, extra=extra), ranks)
+    records = _RankRecords(out_dir, manifest, ranks)
     mine = [i for i in range(len(plan)) if ranks.owns(i)]
-    report = CacheReport(out_dir, len(mine), shards_skipped=len(done_shards(own) & set(mine)))
+    report = CacheReport(out_dir, len(mine),
+                         shards_skipped=len(done_shards(records.own) & set(mine)))
     sizes = [sum(len(s.input_ids) for s in samples[start:end]) for start, end in plan]
     budget = f" (budget {max_minutes:g} min)" if max_minutes else ""
     bar = tqdm(total=sum(sizes[i] for i in mine), desc=f"hidden states{budget}",
                unit="tok", disable=not progress, smoothing=0.1)
-    bar.update(sum(s["tokens"] for s in own["shards"]))
-    written: list[dict] = []  # this call's shards, as this rank records them
-    error = None  # a rank that raised alone would leave the others waiting at the gather
+    bar.update(sum(s["tokens"] for s in records.own["shards"]))
+    writer = _ShardWriter(model, samples, plan, layers, FEATURE_STORAGE[dtype], batch_size,
+                          batch_tokens, max_minutes, out_dir)
+    error = _write_pending(writer, records, report, sizes, max_minutes, stop_after_shards, bar,
+                           ranks)
+    bar.close()
+    if not ranks.distributed:
+        return report
+    return _merge_ranks(out_dir, manifest, report, error, ranks)
+
+
+def _manifest_fields(model, tokenizer, samples: Sequence[RenderedSample], kinds: Sequence[str],
+                     layers: Sequence[int], dtype: str, shard_tokens: int,
+                     chat_template_sha256: str | None) -> tuple[dict, dict]:
+    """The cache's settings (everything that decides its shards: a resumed build must match
+    them) and the fields a new manifest stores beside them."""
+    num_layers = num_decoder_layers(model)
+    text_config = model.config.get_text_config()
+    settings = {
+        "target": TargetIdentity.of(model, tokenizer).to_json(), "layers": list(layers),
+        "feature_dtype": dtype, "shard_tokens": shard_tokens, "samples": len(samples),
+        "samples_sha256": samples_sha256(samples),
+    }
+    extra = {
+        "kinds": {kind: list(layers_for_kind(kind, num_layers)) for kind in kinds},
+        "num_layers": num_layers, "hidden_size": int(text_config.hidden_size),
+        "vocab_size": int(text_config.vocab_size),
+        "chat_template_sha256": chat_template_sha256,
+        "bytes_per_token_layout": 4 + 4 + 1 + len(layers) * (
+            int(text_config.hidden_size) * FEATURE_STORAGE[dtype].itemsize
+            + (4 if dtype == "float8_e4m3" else 0)),
+    }
+    return settings, extra
+
+
+def _join_run(out_dir: Path, open_manifest: Callable[[], dict], ranks: Ranks) -> dict:
+    """The run's manifest on every rank: rank 0 opens (or starts) the run and folds in the
+    records of a shared run killed before it merged them, then the others join it (rank 0's,
+    checked against their settings). A rank's error in either turn reaches every rank
+    (`Ranks.raise_if_any`), so none is left waiting for the others.
+
+    Raises:
+        DraftsmithError: some rank could not open the run.
+    """
+    manifest = None
+    for turn in ("main", "others"):
+        error = None
+        if ranks.is_main == (turn == "main"):
+            try:
+                manifest = open_manifest()
+                if ranks.distributed and ranks.is_main:
+                    merge_rank_records(out_dir, manifest)
+            except DraftsmithError as err:
+                error = str(err)
+        ranks.raise_if_any(error)
+    return manifest
+
+
+class _RankRecords:
+    """The shards this rank writes and has written (`own`; one process: all, the manifest
+    itself), and where it records a new one: the manifest (one process), or its own record
+    file that rank 0 merges (`shards.merge_rank_records`: one writer per file)."""
+
+    def __init__(self, out_dir: Path, manifest: dict, ranks: Ranks):
+        self.out_dir, self.manifest, self.ranks = out_dir, manifest, ranks
+        self.own = {"shards": [s for s in manifest["shards"] if ranks.owns(s["index"])]} \
+            if ranks.distributed else manifest
+        self.written: list[dict] = []  # this call's shards, as this rank records them
+
+    def record(self, entry: dict) -> None:
+        if not self.ranks.distributed:
+            record_shard(self.out_dir, self.manifest, entry)
+            return
+        index = entry["index"]
+        self.written = [*(s for s in self.written if s["index"] != index), entry]
+        self.own["shards"] = [*(s for s in self.own["shards"] if s["index"] != index), entry]
+        write_json(rank_record(self.out_dir, self.ranks.rank), {"shards": self.written})
+
+
+@dataclass
+class _ShardWriter:
+    """Writes one planned shard: the target's features of its samples (`extract_shard`), saved
+    atomically, and the manifest entry that records it, with the file's sha256 (checked before
+    training reads it)."""
+
+    model: object
+    samples: Sequence[RenderedSample]
+    plan: list[tuple[int, int]]
+    layers: Sequence[int]
+    storage: torch.dtype
+    batch_size: int
+    batch_tokens: int
+    max_minutes: float | None
+    out_dir: Path
+
+    def write(self, index: int, spent: float) -> tuple[dict, float]:
+        """Shard `index`'s manifest entry (`partial` when the budget cut it: a later run with
+        room redoes it whole) and the seconds it took (`spent`: the seconds the budget already
+        counts)."""
+        start, end = self.plan[index]
+        began = time.perf_counter()
+        deadline = None if self.max_minutes is None else \
+            began + self.max_minutes * 60 - spent
+        tensors, kept = extract_shard(self.model, self.samples[start:end], self.layers,
+                                      self.storage, self.batch_size, self.batch_tokens, deadline)
+        seconds = time.perf_counter() - began
+        tensors["sample_index"] = torch.tensor(kept, dtype=torch.int64) + start
+        path = self.out_dir / f"shard-{index:05d}.safetensors"
+        write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
+        entry = {
+            "index": index, "file": path.name, "samples": len(kept),
+            "tokens": int(tensors["lengths"].sum()),
+            "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size,
+            "sha256": sha256_file(path), "seconds": round(seconds, 3),
+        }
+        if len(kept) < end - start:
+            entry["partial"] = True
+        return entry, seconds
+
+
+def _write_pending(writer: _ShardWriter, records: _RankRecords, report: CacheReport,
+                   sizes: Sequence[int], max_minutes: float | None,
+                   stop_after_shards: int | None, bar: tqdm, ranks: Ranks) -> str | None:
+    """Write and record this rank's shards still to write, counting them in `report`. Returns
+    the error that stopped a rank of several (None: none), which the caller brings to every
+    rank: a rank that raised alone would leave the others waiting at the gather.
+
+    Raises:
+        DraftsmithError: what stopped a run of one process.
+    """
     try:
-        for index in report.pending(own, sizes, "tokens", max_minutes, stop_after_shards,
-                                    owns=ranks.owns):
-            start, end = plan[index]
-            began = time.perf_counter()
-            deadline = None if max_minutes is None else \
-                began + max_minutes * 60 - shard_seconds(own)
-            tensors, kept = extract_shard(model, samples[start:end], layers, FEATURE_STORAGE[dtype],
-                                          batch_size, batch_tokens, deadline)
-            seconds = time.perf_counter() - began
-            tensors["sample_index"] = torch.tensor(kept, dtype=torch.int64) + start
-            name = f"shard-{index:05d}.safetensors"
-            write_atomic(out_dir / name, lambda tmp, t=tensors: save_file(t, str(tmp)))
-            tokens = int(tensors["lengths"].sum())
-            size = (out_dir / name).stat().st_size
-            entry = {
-                "index": index, "file": name, "samples": len(kept), "tokens": tokens,
-                "masked_tokens": int(tensors["loss_mask"].sum()), "bytes": size,
-                "sha256": sha256_file(out_dir / name), "seconds": round(seconds, 3),
-            }
-            if len(kept) < end - start:  # cut by the budget: a later run with room redoes it whole
-                entry["partial"] = True
+        for index in report.pending(records.own, sizes, "tokens", max_minutes,
+                                    stop_after_shards, owns=ranks.owns):
+            entry, seconds = writer.write(index, shard_seconds(records.own))
+            if entry.get("partial"):
                 report.budget_reached = True
-            if ranks.distributed:
-                written = [*(s for s in written if s["index"] != index), entry]
-                own["shards"] = [*(s for s in own["shards"] if s["index"] != index), entry]
-                write_json(rank_record(out_dir, ranks.rank), {"shards": written})
-            else:
-                record_shard(out_dir, manifest, entry)
-            report.wrote(seconds, tokens)
-            report.bytes_written += size
-            bar.update(tokens)
+            records.record(entry)
+            report.wrote(seconds, entry["tokens"])
+            report.bytes_written += entry["bytes"]
+            bar.update(entry["tokens"])
             if entry.get("partial"):
                 break
     except DraftsmithError as err:
         if not ranks.distributed:
             raise
-        error = str(err)
-    bar.close()
-    if not ranks.distributed:
-        return report
+        return str(err)
+    return None
+
+
+def _merge_ranks(out_dir: Path, manifest: dict, report: CacheReport, error: str | None,
+                 ranks: Ranks) -> CacheReport:
+    """Once every rank finished (or one failed: then all raise), rank 0 merges their records
+    into the manifest. Rank 0's report sums every rank's; the others report their own."""
     parts = ranks.gather(report)  # also waits for every rank's last shard
     ranks.raise_if_any(error)
     if ranks.is_main:
