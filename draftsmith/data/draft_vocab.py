@@ -9,7 +9,7 @@ Coverage is the share of loss-masked target tokens inside the draft vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +125,23 @@ def load_draft_vocab(path: str | Path) -> DraftVocab:
             raise DraftsmithError(f"{path} holds {sorted(handle.keys())}, not d2t and t2d")
         coverage = float((handle.metadata() or {}).get("coverage", "nan"))
         return DraftVocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), coverage)
+
+
+def draft_vocab_step(size: int, vocab_size: int, samples: Iterable[RenderedSample],
+                     cache_folder: Path | None, out_dir: Path, log: Callable[[str], None]) -> dict:
+    """The data pipeline's step: the `size` most frequent of the target's `vocab_size` tokens,
+    counted from the target's own choices on the cached conversations (`cache_folder`, when
+    it holds them) else from the data's tokens, saved as `out_dir/draft_vocab.safetensors`.
+
+    Returns:
+        the summary's `draft_vocab` section.
+    """
+    counts = target_choice_counts(cache_folder, vocab_size) if cache_folder is not None else None
+    source = "the target's own choices on the cached conversations"
+    if counts is None or not int(counts.sum()):
+        counts, source = token_counts(samples, vocab_size), "the data's tokens"
+    vocab = build_draft_vocab(counts, size)
+    path = save_draft_vocab(vocab, out_dir / "draft_vocab.safetensors")
+    log(f"{vocab.summary()} (counted from {source}); saved {path}")
+    return {"path": str(path), "size": size, "coverage": round(vocab.coverage, 6),
+            "counted_from": source}

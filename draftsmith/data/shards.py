@@ -192,6 +192,15 @@ def shard_seconds(manifest: dict) -> float:
     return sum(s["seconds"] for s in manifest["shards"])
 
 
+def throughput(manifest: dict, tokens_key: str) -> dict:
+    """The run's tokens (`tokens_key` of each shard), seconds and tokens per second, summed over
+    its finished shards, for a summary."""
+    tokens = sum(s[tokens_key] for s in manifest["shards"])
+    seconds = shard_seconds(manifest)
+    return {"tokens": tokens, "seconds": round(seconds, 2),
+            "tokens_per_second": round(tokens / seconds, 1) if seconds else None}
+
+
 @dataclass
 class ShardReport:
     """What one call of a sharded run did (this call only; earlier finished shards are skipped).
