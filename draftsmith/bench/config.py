@@ -11,7 +11,7 @@ from draftsmith.bench.passes import PASS_EXAMPLES, check_pass
 from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.engines.engine_env import own_engine_python, require_gpu_engine
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import check_methods, split_method
+from draftsmith.eval.methods import Method, check_methods
 from draftsmith.registry import get_spec, served_by
 from draftsmith.serving import ENGINES
 from draftsmith.target import TargetSpec
@@ -234,14 +234,14 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
         if method not in evaluation.methods:
             raise DraftsmithError(f"{path}: {method!r} (in bars or expected_order) is not one of "
                                   "the eval methods")
-        label = split_method(method)[1]
+        label = Method.parse(method).label
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval method {method!r} names no drafter in `kinds` "
                                   f"({', '.join(sorted(labels))})")
     _check_relative_bars(config, path)
     passes = [m for spec in evaluation.passes.values() for m in spec["methods"]]
     for method in passes:
-        label = split_method(method)[1]
+        label = Method.parse(method).label
         if label and label not in labels:
             raise DraftsmithError(f"{path}: eval.passes method {method!r} names no drafter in "
                                   f"`kinds` ({', '.join(sorted(labels))})")

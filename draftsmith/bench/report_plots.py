@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.bench.report_stats import method_names, set_mean
+from draftsmith.eval.methods import Method
 
 
 def _save(fig, path: Path) -> Path:
@@ -114,7 +115,7 @@ def scaling_points(bench: dict) -> dict | None:
     for method in summary["all"]:
         if method == "plain":
             continue
-        base, _, label = method.partition("@")
+        base, label = (parsed := Method.parse(method)).base, parsed.label
         values = {"tau": set_mean(summary, method, "tau"),
                   "speedup": set_mean(summary, method, "speedup")}
         record = training.get(label)

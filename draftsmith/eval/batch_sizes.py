@@ -14,7 +14,7 @@ from draftsmith.decoding.batched import TREES_AT_BATCH_1
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.hf_baselines import HF_METHODS
 from draftsmith.eval.lossless import first_divergence
-from draftsmith.eval.methods import decodes_chains, split_method
+from draftsmith.eval.methods import Method, decodes_chains
 
 
 @dataclass
@@ -52,7 +52,7 @@ def batch_methods(methods, drafters: dict) -> tuple[list[str], dict[str, str]]:
     """(methods that run at batch > 1, {skipped method: why}); `drafters`: label -> (drafter, _)."""
     chains, skipped = [], {}
     for method in methods:
-        label = split_method(method)[1]
+        label = Method.parse(method).label
         kind = drafters[label][0].kind if label in drafters else None
         if method in HF_METHODS:
             skipped[method] = "Hugging Face baselines run at batch 1 only"

@@ -113,18 +113,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from draftsmith.data.prompts import chosen_sets
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
+    from draftsmith.eval.methods import Method
 
     methods = list(_csv(args.methods))
     single, named = _drafter_args(args.drafter or [])
-    suffixes = [""] if single else [f"@{label}" for label, _ in named]
-    for suffix in suffixes:
-        label = suffix[1:]
-        if not any(m.startswith("drafter") and m.endswith(suffix) and (label or "@" not in m)
-                   for m in methods):
-            methods.append("drafter" + suffix)
+    labels = [""] if single else [label for label, _ in named]
+    for label in labels:  # each drafter given gets its default method unless one names it
+        if not any((p := Method.parse(m)).uses_drafter and p.label == label for m in methods):
+            methods.append(str(Method("drafter", label)))
     if args.baselines:
         methods += ["prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
-        methods += [f"drafter_lookup{suffix}" for suffix in suffixes]
+        methods += [str(Method("drafter_lookup", label)) for label in labels]
         if args.datastore:
             methods += ["rest"]
         if args.draft_model:

@@ -23,7 +23,7 @@ class EvalConfig:
         draft_model: classic draft model spec for draft methods, or None.
         drafter: trained drafter folder for the `drafter*` methods, or None.
         drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
-            are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.split_method).
+            are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.Method).
         dtype, device: for target and draft model (`auto`: see draftsmith.precision).
             `target`, `dtype`, `device` and `trust_remote_code` are checked as one
             `draftsmith.target.TargetSpec` (`target_spec()`); eval.json records them as written.

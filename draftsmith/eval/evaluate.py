@@ -32,12 +32,11 @@ from draftsmith.eval.lossless import (
 )
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
-    NEEDS_DRAFTER,
+    Method,
     ProposerSettings,
     make_proposer,
     method_reports,
     open_method_resources,
-    split_method,
     tree_shape,
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
@@ -62,8 +61,9 @@ CALIBRATION_PROMPTS = 4  # the tree autotuner's, spread over the prompt sets
 
 def _is_block(method: str, drafters: dict) -> bool:
     """A method decoded by a block drafter (DFlash, DSpark)."""
-    base, label = split_method(method)
-    return base in NEEDS_DRAFTER and get_spec(drafters[label][0].kind).proposer == "block"
+    method = Method.parse(method)
+    return method.uses_drafter and \
+        get_spec(drafters[method.label][0].kind).proposer == "block"
 
 
 def check_block_length(config: EvalConfig, drafters: dict) -> None:
@@ -79,7 +79,7 @@ def check_block_length(config: EvalConfig, drafters: dict) -> None:
     for method in config.methods:
         if not _is_block(method, drafters):
             continue
-        label = split_method(method)[1]
+        label = Method.parse(method).label
         drafter = drafters[label][0]
         most = drafter.module.proposals
         if length > most:
@@ -94,12 +94,12 @@ def check_block_length(config: EvalConfig, drafters: dict) -> None:
 def _autotuned(method: str, drafters: dict) -> bool:
     """Methods whose shape `--tree-total-tokens auto` picks: dynamic trees (depth and size) and
     block drafters' chains (their length)."""
-    base, label = split_method(method)
-    if base == "draft_model_tree":
+    parsed = Method.parse(method)
+    if parsed.base == "draft_model_tree":
         return True
-    if base not in NEEDS_DRAFTER:
+    if not parsed.uses_drafter:
         return False
-    shape = tree_shape(method, drafters[label][0].kind)
+    shape = parsed.tree_shape(drafters[parsed.label][0].kind)
     return shape == "dynamic" or (shape == "chain" and _is_block(method, drafters))
 
 
@@ -123,7 +123,7 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
     chosen = [prompts[i * len(prompts) // count] for i in range(count)]
     calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
                                runner.chat_template) for p in chosen]
-    drafter, model = runner.drafters.get(split_method(method)[1], (None, runner.target.model))
+    drafter, model = runner.drafters.get(Method.parse(method).label, (None, runner.target.model))
     block = _is_block(method, runner.drafters)
 
     def settings(depth: int, total: int) -> ProposerSettings:

@@ -15,7 +15,7 @@ from draftsmith.drafter_folder import merge_lora
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
-from draftsmith.eval.methods import NEEDS_DRAFTER, ProposerSettings, make_proposer, split_method
+from draftsmith.eval.methods import Method, ProposerSettings, make_proposer
 from draftsmith.eval.metrics import RunRecord
 from draftsmith.export.load import load_any_drafter
 
@@ -48,10 +48,10 @@ class MethodExecutor:
 
     def decoding_model(self, method: str):
         """The model a method decodes with: the target, or a Medusa-2 drafter's merged copy."""
-        return self.drafters.get(split_method(method)[1], (None, self.target.model))[1]
+        return self.drafters.get(Method.parse(method).label, (None, self.target.model))[1]
 
     def _proposer(self, method: str, sampling: SamplingConfig) -> Proposer:
-        drafter = self.drafters.get(split_method(method)[1], (None, None))[0]
+        drafter = self.drafters.get(Method.parse(method).label, (None, None))[0]
         return make_proposer(method, self.settings.get(method, self.config.settings), sampling,
                              self.draft_model, drafter)
 
@@ -95,7 +95,7 @@ def load_drafters(config: EvalConfig, target, log) -> dict:
     A Medusa-2 drafter trained the target's LoRA adapter: it decodes with a copy of the target
     with the adapter merged in (the original target stays as it is for every other method).
     """
-    used = {split_method(m)[1] for m in config.methods if split_method(m)[0] in NEEDS_DRAFTER}
+    used = {p.label for p in map(Method.parse, config.methods) if p.uses_drafter}
     drafters = {}
     for label, path in config.all_drafters():
         if label not in used:

@@ -30,7 +30,7 @@ import torch
 from draftsmith.decoding.sampling import SamplingConfig, logits_to_probs
 from draftsmith.decoding.tree import ancestor_mask
 from draftsmith.eval.distribution_test import MIN_EXPECTED, fit_first_tokens
-from draftsmith.eval.methods import NEEDS_DRAFTER, split_method
+from draftsmith.eval.methods import Method
 
 GATE_TOKENS = 2
 GATE_PROMPTS = 2
@@ -95,8 +95,8 @@ def lossless_report(config, divergent: dict, drafters: dict, batched_methods=())
     merged = {label for label, (d, _) in drafters.items() if d.meta.get("lora")}
 
     def exempt(method: str) -> bool:
-        base, label = split_method(method)
-        return base in NEEDS_DRAFTER and label in merged
+        method = Method.parse(method)
+        return method.uses_drafter and method.label in merged
 
     greedy = config.sampling.greedy
     checked = [m for m in config.methods[1:] if greedy and not exempt(m)]

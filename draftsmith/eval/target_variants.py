@@ -21,7 +21,7 @@ from pathlib import Path
 from draftsmith import offline_models
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import first_divergence
-from draftsmith.eval.methods import NEEDS_DRAFTER, split_method
+from draftsmith.eval.methods import Method
 from draftsmith.eval.metrics import RunRecord, summarize_all
 from draftsmith.quantize import quantize_model, verified_output
 from draftsmith.target import Target
@@ -124,7 +124,7 @@ class TargetVariants:
         (they decode with a quantized copy of their merged target, another model by design)."""
         merged = {label for label, (d, _) in self.base.drafters.items() if d.meta.get("lora")}
         return [m for m in self.base.config.methods[1:]
-                if not (split_method(m)[0] in NEEDS_DRAFTER and split_method(m)[1] in merged)]
+                if not ((p := Method.parse(m)).uses_drafter and p.label in merged)]
 
     def extend_lossless(self, check: dict) -> dict:
         """Add each variant's greedy comparisons to the run's `lossless_check` (in place).
