@@ -17,7 +17,8 @@ from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers.base import FAMILIES, TreeSettings
 from draftsmith.decoding.runner import CausalLMRunner, ForwardOutput
 from draftsmith.decoding.tree import Tree, chain_tree, root_only_tree
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export import export_drafter, load_any_drafter
 from draftsmith.export.formats import FORMATS
 from draftsmith.export.record import ExportedDrafter, ExportFormat
@@ -153,7 +154,7 @@ def test_a_kind_defined_in_a_test_trains_decodes_exports_and_loads_back(toy_kind
         loaded = load_any_drafter(path, target)
         assert loaded.kind == "toy"
         for method in ("drafter", "drafter_chain"):
-            proposer = make_drafter_proposer(method, loaded, ProposerSettings(num_draft_tokens=2))
+            proposer = make_drafter_proposer(method, loaded, DecodeSettings(num_draft_tokens=2))
             assert isinstance(proposer, ToyChainProposer)
             result = generate(runner, proposer, prompt, 40)
             assert result.tokens == reference
@@ -167,5 +168,5 @@ def test_a_shape_the_kind_does_not_decode_with_is_refused(toy_kind):
     module = ToyHeads(target.config, ToyConfig())
     loaded = type("Loaded", (), {"kind": "toy", "module": module, "meta": {}})()
     with pytest.raises(Exception, match="Toy heads drafters decode with chain trees"):
-        make_drafter_proposer("drafter_dynamic", loaded, ProposerSettings())
+        make_drafter_proposer("drafter_dynamic", loaded, DecodeSettings())
 

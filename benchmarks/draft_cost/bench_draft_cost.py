@@ -25,9 +25,9 @@ import types
 from draftsmith.chat import render_chat
 from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.decode import generate
-from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
@@ -92,9 +92,10 @@ def main() -> None:
                 for label, (kind, s) in DRAFTERS.items()}
     proposers = {}
     for name, (label, method, tree, block_length) in CASES.items():
-        settings = ProposerSettings(tree=DynamicTreeConfig(*(tree or (3, 4, 8))),
-                                    block_length=block_length,
-                                    num_draft_tokens=block_length or 4)
+        topk, depth, total = tree or (3, 4, 8)
+        settings = DecodeSettings(tree_topk=topk, tree_depth=depth, tree_total_tokens=total,
+                                  block_length=block_length,
+                                  num_draft_tokens=block_length or 4)
         proposers[name] = make_drafter_proposer(method, drafters[label], settings)
     generate(runner, next(iter(proposers.values())), prompts[0], 8)  # warm-up
     passes = {name: [] for name in CASES}

@@ -22,9 +22,9 @@ from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.data.prompts import chosen_sets
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers import block_drafter
-from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export.load import load_any_drafter
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
@@ -121,7 +121,7 @@ def main() -> None:
     timed(block_drafter, "best_first_tree", "best_first_tree", times, calls)
     runner = CausalLMRunner(target.model, output_hidden_states=True)
     timed(runner, "forward", "target_forward", times, calls)
-    settings = ProposerSettings(tree=DynamicTreeConfig(topk=3, depth=3, total_tokens=6))
+    settings = DecodeSettings(tree_topk=3, tree_depth=3, tree_total_tokens=6)
     prompts = prompt_token_ids(target.tokenizer, gather_prompts(
         chosen_sets("gsm8k,mt_bench", False), (), args.limit))
     cases = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftsmith.bench.extend import resolve_extensions
@@ -12,6 +12,7 @@ from draftsmith.config_values import build_dataclass, read_yaml_mapping
 from draftsmith.engines.engine_env import own_engine_python, require_gpu_engine
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import Method, check_methods
+from draftsmith.eval.settings import DecodeSettings, bench_keys, decode_settings_from_mapping
 from draftsmith.registry import get_spec, served_by
 from draftsmith.serving import ENGINES
 from draftsmith.target import TargetSpec
@@ -53,9 +54,9 @@ class EvalSection:
     max_new_tokens: int = 96
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     draft_model: str | None = None
-    num_draft_tokens: int = 3
-    lookup_tokens: int = 8
-    tree: dict = field(default_factory=lambda: {"topk": 3, "depth": 4, "total_tokens": 8})
+    # the decoding knobs (eval/settings.py), each a key of this section (num_draft_tokens,
+    # lookup_tokens, tree_topk, ...; `tree: {topk, depth, total_tokens}` sets the tree's three)
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     autotune_tree: bool = False  # pick depth and size per dynamic-tree method on this machine
     methods: dict = field(default_factory=dict)  # method -> display name, in run order
     check_lossless: bool = False  # the greedy run also gates every method on plain's output
@@ -81,7 +82,7 @@ class EvalSection:
         if unknown or not self.bench:
             raise DraftsmithError(f"eval.bench = {self.bench!r}: list one or more of: "
                                   f"{', '.join(PROMPT_SETS)}")
-        for name in ("limit", "max_new_tokens", "num_draft_tokens", "lookup_tokens"):
+        for name in ("limit", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or value < 1:
                 raise DraftsmithError(f"eval.{name} = {value!r}: must be an integer >= 1")
@@ -90,15 +91,39 @@ class EvalSection:
                 for t in self.temperatures):
             raise DraftsmithError(f"eval.temperatures = {self.temperatures!r}: list one or more "
                                   "numbers >= 0 (0 = greedy), e.g. [0.0, 1.0]")
-        keys = {"topk", "depth", "total_tokens"}
-        if not isinstance(self.tree, dict) or set(self.tree) != keys or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                for v in self.tree.values()):
-            raise DraftsmithError(f"eval.tree = {self.tree!r}: give topk, depth and total_tokens, "
-                                  "each an integer >= 1, e.g. {topk: 3, depth: 4, total_tokens: 8}")
         if not isinstance(self.methods, dict):
             raise DraftsmithError(f"eval.methods = {self.methods!r}: map each method to its "
                                   "display name, e.g. {prompt_lookup: prompt lookup}")
+
+    def record(self) -> dict:
+        """The section as bench.json records it: its own keys, each decoding knob at the top
+        level and the tree also as `tree: {topk, depth, total_tokens}` (the report reads both
+        older and newer files so)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "decode"}
+        knobs = asdict(self.decode)
+        tree = {"topk": knobs["tree_topk"], "depth": knobs["tree_depth"],
+                "total_tokens": knobs["tree_total_tokens"]}
+        return {**own, **knobs, "tree": tree}
+
+
+def eval_section(values: dict, where: str) -> EvalSection:
+    """The `eval:` section of a benchmark file, its decoding knobs (`bench_keys`) read into
+    DecodeSettings and the legacy `tree: {topk, depth, total_tokens}` into tree_topk, ...
+
+    Raises:
+        DraftsmithError: a bad key or value, named as the file's key.
+    """
+    values = dict(values)
+    tree = values.pop("tree", None)
+    if tree is not None:
+        keys = {"topk", "depth", "total_tokens"}
+        if not isinstance(tree, dict) or set(tree) != keys:
+            raise DraftsmithError(f"{where}.tree = {tree!r}: give topk, depth and total_tokens, "
+                                  "each an integer >= 1, e.g. {topk: 3, depth: 4, total_tokens: 8}")
+        values.update({f"tree_{key}": value for key, value in tree.items()})
+    knobs = {key: values.pop(key) for key in bench_keys() if key in values}
+    decode = decode_settings_from_mapping(knobs, where)
+    return build_dataclass(EvalSection, values, where, decode=decode)
 
 
 @dataclass
@@ -195,7 +220,7 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
         raise DraftsmithError(f"{path}: `kinds` must map drafter labels to {{recipe: FILE}}")
     entries = [_section(KindEntry, dict(v or {}), f"{path}: kinds.{label}", label=label)
                for label, v in kinds.items()]
-    evaluation = _section(EvalSection, raw.pop("eval", None) or {}, f"{path}: eval")
+    evaluation = eval_section(raw.pop("eval", None) or {}, f"{path}: eval")
     config = _section(BenchConfig, raw, str(path), kinds=entries, eval=evaluation, path=str(path))
     resolve_extensions(entries, path, config.budget_minutes)
     for file in [config.data, *[k.recipe for k in entries], *[k.data for k in entries if k.data]]:

@@ -71,7 +71,7 @@ def _check_one(config: BenchConfig, spec: dict, engine: str, log) -> dict:
     export_drafter(drafter, formats_for_kind(kind)[0], export, overwrite=True)  # seconds
     # a block drafter drafts its whole block in the engine (serve-check settles the length)
     default_draft_max = None if get_spec(kind).proposer == "block" else \
-        config.eval.num_draft_tokens
+        config.eval.decode.num_draft_tokens
     limit = spec.get("limit", config.eval.limit)
     prompts = gather_prompts(config.eval.bench, (), limit)
     settings = ServeCheckSettings(draft_max=spec.get("draft_max", default_draft_max),

@@ -275,7 +275,6 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
                      for k in config.kinds)
     used = {Method.parse(m).label for m in methods}
-    tree = {f"tree_{key}": value for key, value in ev.tree.items()}
     datastore = Path(config.out_dir) / "data" / "datastore"
     target = config.target_spec()
     settings = {"limit": ev.limit, "max_new_tokens": ev.max_new_tokens,
@@ -284,10 +283,8 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
     quantized = len(settings.get("target_quant", ("none",))) > 1
     settings["device"] = "cpu" if quantized else config.compute_device()
     eval_config = build_eval_config(
-        temperature=temperature, num_draft_tokens=ev.num_draft_tokens,
-        lookup_tokens=ev.lookup_tokens, **tree,
-        datastore=str(datastore) if ev.datastore else None,
-        target=target.name, draft_model=ev.draft_model,
+        settings=replace(ev.decode, datastore=str(datastore) if ev.datastore else None),
+        temperature=temperature, target=target.name, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=target.dtype,
         methods=("plain", *methods), out_dir=str(out), **settings)
     return run_eval(eval_config, log=log)
@@ -301,8 +298,6 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
         DraftsmithError: see `draftsmith.eval.prompts_fit.check_prompts_fit`.
     """
     from draftsmith.data.prompt_files import gather_prompts
-    from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
-    from draftsmith.eval.methods import ProposerSettings
     from draftsmith.eval.prompts_fit import check_prompts_fit, draft_margin, target_context_length
     from draftsmith.target import load_tokenizer
 
@@ -314,12 +309,10 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     runs = [("eval", tuple(ev.bench), ev.limit, ev.max_new_tokens)] + [
         (f"eval.passes.{name}", tuple(spec.get("bench", ev.bench)), spec.get("limit", ev.limit),
          spec.get("max_new_tokens", ev.max_new_tokens)) for name, spec in ev.passes.items()]
-    settings = ProposerSettings(ev.num_draft_tokens, ev.lookup_tokens,
-                                tree=DynamicTreeConfig(**ev.tree))
     tokenizer = load_tokenizer(target.name, trust_remote_code=target.trust_remote_code)
     for where, sets, limit, max_new_tokens in runs:
         check_prompts_fit(tokenizer, gather_prompts(sets, (), limit), context,
-                          max_new_tokens, draft_margin(settings, ev.autotune_tree),
+                          max_new_tokens, draft_margin(ev.decode, ev.autotune_tree),
                           setting=f"{where}.max_new_tokens")
 
 
@@ -354,7 +347,8 @@ def run_bench(config: BenchConfig,
     engines = engine_check(config, log) if "engine" in stages else read_engine_checks(config)
     data_summary = out / "data" / "summary.json"
     payload = {
-        "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds]},
+        "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds],
+                   "eval": config.eval.record()},
         "data": json.loads(data_summary.read_text()) if data_summary.is_file() else None,
         "training": records,
         "curves": {label: [r for r in _metrics(out / "train" / label)

@@ -6,6 +6,7 @@ import argparse
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.settings import add_decode_arguments, decode_settings_from_args
 from draftsmith.target_args import add_target_arguments
 
 
@@ -49,44 +50,9 @@ def add_eval_parser(verbs) -> None:
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--num-draft-tokens", type=positive_int_arg, default=4,
-                    help="chain length of the draft model and trained-drafter chains")
-    ev.add_argument("--block-length", type=positive_int_arg, default=None,
-                    help="proposals a block drafter (DFlash, DSpark) uses per step: its chain's "
-                    "length or its tree's depth (default: the whole block; with "
-                    "--tree-total-tokens auto, measured on this machine)")
-    ev.add_argument("--lookup-tokens", type=positive_int_arg, default=8,
-                    help="prompt lookup chain length")
-    ev.add_argument("--lookup-max-ngram", type=positive_int_arg, default=3)
-    ev.add_argument("--hybrid-min-ngram", type=positive_int_arg, default=3,
-                    help="drafter_lookup: drafts from prompt lookup when it matches a suffix of "
-                    "at least this many tokens, else from the trained drafter")
-    ev.add_argument("--lookahead-window", type=positive_int_arg, default=4,
-                    help="lookahead decoding: W, columns of the Jacobi window")
-    ev.add_argument("--lookahead-ngram", type=positive_int_arg, default=3,
-                    help="lookahead decoding: N, n-gram size (the window has N-1 levels)")
-    ev.add_argument("--lookahead-guesses", type=positive_int_arg, default=4,
-                    help="lookahead decoding: G, n-grams verified per step")
-    ev.add_argument("--datastore", metavar="DIR",
-                    help="REST datastore: the datastore/ folder `draftsmith data run` writes with "
-                    "data.datastore set (adds nothing by itself: use --methods rest or --baselines)")
-    ev.add_argument("--rest-tokens", type=positive_int_arg, default=16,
-                    help="REST: draft tokens in the retrieved tree")
-    ev.add_argument("--tree-topk", type=positive_int_arg, default=4)
-    ev.add_argument("--tree-depth", type=positive_int_arg, default=6)
-    ev.add_argument("--tree-total-tokens", type=_tree_budget, default="16",
-                    help="draft tokens kept in the dynamic tree, or 'auto' to measure this "
-                    "machine, decode 4 calibration prompts with the deepest tree and pick, per "
-                    "dynamic-tree method, the depth and size with the best expected tokens/s")
+    add_decode_arguments(ev)  # every decoding knob, declared once in eval/settings.py
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and plots")
     ev.set_defaults(func=cmd_eval)
-
-
-def _tree_budget(text: str) -> str:
-    """argparse type of --tree-total-tokens: `auto` or an integer >= 1."""
-    if text != "auto":
-        positive_int_arg(text)
-    return text
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -129,19 +95,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.draft_model:
             methods += ["draft_model", "hf_assisted"]
     config = build_eval_config(
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
-        lookup_max_ngram=args.lookup_max_ngram, tree_topk=args.tree_topk,
-        tree_depth=args.tree_depth, tree_total_tokens=args.tree_total_tokens,
-        lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
-        lookahead_guesses=args.lookahead_guesses, rest_tokens=args.rest_tokens,
-        datastore=args.datastore, hybrid_min_ngram=args.hybrid_min_ngram,
-        block_length=args.block_length, target=args.target, draft_model=args.draft_model, drafter=single, drafters=named, dtype=args.dtype, device=args.device,
+        settings=decode_settings_from_args(args), temperature=args.temperature,
+        top_p=args.top_p, seed=args.seed, target=args.target, draft_model=args.draft_model,
+        drafter=single, drafters=named, dtype=args.dtype, device=args.device,
         bench=chosen_sets(args.bench, bool(args.prompts)),
         prompt_files=tuple(args.prompts or ()), check_lossless=args.check_lossless,
         lossless_samples=args.lossless_samples, batch_sizes=args.batch_size,
-        target_quant=args.target_quant,
-        limit=args.limit, max_new_tokens=args.max_new_tokens,
+        target_quant=args.target_quant, limit=args.limit, max_new_tokens=args.max_new_tokens,
         methods=tuple(dict.fromkeys(methods)), out_dir=args.out,
         trust_remote_code=args.trust_remote_code,
     )

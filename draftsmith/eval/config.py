@@ -8,7 +8,8 @@ from pathlib import Path
 from draftsmith.data.prompts import PROMPT_SETS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import ProposerSettings, check_hybrid_settings, check_methods
+from draftsmith.eval.methods import check_hybrid_settings, check_methods
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.quantize import parse_target_quant
 from draftsmith.target import FLAGS, TargetSpec, resolve_device
@@ -61,7 +62,7 @@ class EvalConfig:
     max_new_tokens: int = 128
     methods: tuple[str, ...] = ("plain", "prompt_lookup")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    settings: ProposerSettings = field(default_factory=ProposerSettings)
+    settings: DecodeSettings = field(default_factory=DecodeSettings)
     out_dir: str = "runs/eval"
     trust_remote_code: bool = False
     autotune_tree: bool = False
@@ -153,40 +154,19 @@ def parse_batch_sizes(value: str | tuple | list) -> tuple[int, ...]:
     return tuple(sorted(sizes | {1}))
 
 
-def build_eval_config(*, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                      num_draft_tokens: int = 4, lookup_tokens: int = 8, lookup_max_ngram: int = 3,
-                      tree_topk: int = 4, tree_depth: int = 6, tree_total_tokens: int | str = 16,
-                      lookahead_window: int = 4, lookahead_ngram: int = 3,
-                      lookahead_guesses: int = 4, rest_tokens: int = 16,
-                      datastore: str | None = None, hybrid_min_ngram: int = 3,
-                      block_length: int | None = None, **fields) -> EvalConfig:
-    """An EvalConfig from flat knobs, the one way the eval CLI and the benchmark build it.
-
-    Args:
-        temperature, top_p, seed: sampling (temperature 0 = greedy).
-        num_draft_tokens, lookup_tokens, lookup_max_ngram: chain lengths and prompt lookup.
-        tree_topk, tree_depth, tree_total_tokens: the dynamic tree; `tree_total_tokens="auto"`
-            turns on the autotuner (depth and size measured per method on this machine).
-        lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N, G.
-        rest_tokens, datastore: REST's tree size and datastore folder.
-        hybrid_min_ngram: shortest prompt-lookup match `drafter_lookup` drafts from.
-        block_length: proposals per step of a block drafter (None: its whole block; autotuned
-            with `tree_total_tokens="auto"`).
-        fields: the other EvalConfig fields (target, methods, bench, ...).
+def build_eval_config(*, settings: DecodeSettings | None = None, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0, **fields) -> EvalConfig:
+    """An EvalConfig from the decoding knobs (`eval/settings.py`), sampling and the other fields,
+    the one way the eval CLI and the benchmark build it. `tree_total_tokens: auto` turns on the
+    autotuner (depth and size measured per method on this machine).
 
     Raises:
-        DraftsmithError: a bad sampling, proposer or tree setting, naming it.
+        DraftsmithError: a bad sampling setting, naming it.
     """
-    from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
-
-    auto = tree_total_tokens == "auto"
+    settings = settings or DecodeSettings()
     try:
         sampling = SamplingConfig(temperature, top_p, seed)
-        tree = DynamicTreeConfig(tree_topk, tree_depth, 16 if auto else int(tree_total_tokens))
     except ValueError as err:
-        raise DraftsmithError(f"bad sampling or tree setting: {err}") from err
-    settings = ProposerSettings(num_draft_tokens, lookup_tokens, lookup_max_ngram, tree,
-                                lookahead_window, lookahead_ngram, lookahead_guesses, rest_tokens,
-                                datastore, hybrid_min_ngram, block_length)
-    autotune = auto or fields.pop("autotune_tree", False)
+        raise DraftsmithError(f"bad sampling setting: {err}") from err
+    autotune = settings.autotune or fields.pop("autotune_tree", False)
     return EvalConfig(sampling=sampling, settings=settings, autotune_tree=autotune, **fields)

@@ -33,7 +33,6 @@ from draftsmith.eval.lossless import (
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
     Method,
-    ProposerSettings,
     make_proposer,
     method_reports,
     open_method_resources,
@@ -49,6 +48,7 @@ from draftsmith.eval.report import (
     write_batch_plot,
     write_plots,
 )
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
@@ -112,7 +112,7 @@ def method_order(methods: list[str], turn_index: int) -> list[str]:
 
 
 def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBudget,
-                                                                           ProposerSettings]:
+                                                                           DecodeSettings]:
     """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py); a
     block drafter's depth is its block length (one drafter forward whatever the length).
 
@@ -126,9 +126,8 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
     drafter, model = runner.drafters.get(Method.parse(method).label, (None, runner.target.model))
     block = _is_block(method, runner.drafters)
 
-    def settings(depth: int, total: int) -> ProposerSettings:
-        tree = replace(cfg.settings.tree, depth=depth, total_tokens=total)
-        return replace(cfg.settings, tree=tree,
+    def settings(depth: int, total: int) -> DecodeSettings:
+        return replace(cfg.settings.with_tree(depth, total),
                        block_length=depth if block else cfg.settings.block_length)
 
     def make(depth: int, total: int):

@@ -15,8 +15,9 @@ from draftsmith.drafter_folder import merge_lora
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.hf_baselines import HF_METHODS, hf_generate
-from draftsmith.eval.methods import Method, ProposerSettings, make_proposer
+from draftsmith.eval.methods import Method, make_proposer
 from draftsmith.eval.metrics import RunRecord
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export.load import load_any_drafter
 
 
@@ -32,7 +33,7 @@ class MethodExecutor:
         self.target = target
         self.draft_model = draft_model
         self.drafters = drafters or {}
-        self.settings: dict[str, ProposerSettings] = {}  # per-method (autotuned trees)
+        self.settings: dict[str, DecodeSettings] = {}  # per-method (autotuned trees)
         self.runners: dict[tuple[int, bool], CausalLMRunner] = {}
         self.batched_runners: dict[tuple[int, bool], BatchedLMRunner] = {}
         pad = getattr(target.tokenizer, "pad_token_id", None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,12 +19,10 @@ from draftsmith.decoding.proposers.hybrid import LookupHybridProposer
 from draftsmith.decoding.proposers.lookahead import LookaheadProposer
 from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.proposers.rest import RestProposer
-from draftsmith.decoding.proposers.tree_expansion import (
-    DynamicTreeConfig,
-)
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.hf_baselines import HF_METHODS
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import get_spec
 
 OUR_METHODS = {
@@ -46,53 +44,6 @@ NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
 CHAIN_METHODS = {"plain", "prompt_lookup", "draft_model"}  # besides drafters decoding chains
 NEEDS_DATASTORE = {"rest"}
-
-
-@dataclass(frozen=True)
-class ProposerSettings:
-    """Knobs of the proposers.
-
-    Attributes:
-        num_draft_tokens: chain length for the draft model.
-        lookup_tokens: chain length for prompt lookup.
-        lookup_max_ngram: longest n-gram matched by prompt lookup.
-        tree: dynamic tree settings.
-        lookahead_window, lookahead_ngram, lookahead_guesses: lookahead decoding's W, N and G.
-        rest_tokens: draft nodes of REST's tree.
-        datastore: the REST datastore folder (`draftsmith data run` with data.datastore).
-        hybrid_min_ngram: shortest prompt-lookup match that `drafter_lookup` drafts from instead
-            of the drafter.
-        block_length: proposals a block drafter (DFlash, DSpark) uses per step, its chain's
-            length or its tree's depth; None = the whole block.
-    """
-
-    num_draft_tokens: int = 4
-    lookup_tokens: int = 8
-    lookup_max_ngram: int = 3
-    tree: DynamicTreeConfig = field(default_factory=DynamicTreeConfig)
-    lookahead_window: int = 4
-    lookahead_ngram: int = 3
-    lookahead_guesses: int = 4
-    rest_tokens: int = 16
-    datastore: str | None = None
-    hybrid_min_ngram: int = 3
-    block_length: int | None = None
-
-    def __post_init__(self):
-        if self.block_length is not None and (not isinstance(self.block_length, int) or
-                                              self.block_length < 1):
-            raise DraftsmithError(f"--block-length {self.block_length!r} must be an integer >= 1 "
-                                  "(leave it unset for the whole block)")
-        for name in ("num_draft_tokens", "lookup_tokens", "lookup_max_ngram", "lookahead_window",
-                     "lookahead_ngram", "lookahead_guesses", "rest_tokens", "hybrid_min_ngram"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                flag = "--" + name.replace("_", "-")
-                raise DraftsmithError(f"{flag} {value!r} must be an integer >= 1 (0 would turn "
-                                      "the method into plain decoding under another name)")
-        if self.lookahead_ngram < 2:
-            raise DraftsmithError(f"--lookahead-ngram {self.lookahead_ngram} must be >= 2 (an "
-                                  "n-gram is a token and at least one guess after it)")
 
 
 @dataclass(frozen=True)
@@ -178,7 +129,7 @@ def check_methods(methods: list[str], has_draft: bool, drafters=(), datastore: s
                                   f"(drafters given: {given}): {fix}")
 
 
-def check_hybrid_settings(methods, settings: ProposerSettings) -> None:
+def check_hybrid_settings(methods, settings: DecodeSettings) -> None:
     """Refuse a `drafter_lookup` run whose hybrid could never draft from prompt lookup."""
     uses_hybrid = any(Method.parse(m).with_lookup for m in methods)
     if uses_hybrid and settings.hybrid_min_ngram > settings.lookup_max_ngram:
@@ -202,7 +153,7 @@ def decodes_chains(method: str | Method, kind: str | None = None) -> bool:
     return method.base in CHAIN_METHODS
 
 
-def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
+def make_drafter_proposer(method: str, drafter, settings: DecodeSettings,
                           sampling: SamplingConfig | None = None) -> Proposer:
     """A proposer for a trained drafter (`LoadedDrafter`) with the method's tree shape.
 
@@ -220,7 +171,7 @@ def make_drafter_proposer(method: str, drafter, settings: ProposerSettings,
     return drafter_family(spec.proposer)(drafter.module, tree, f"{drafter.kind}_{shape}")
 
 
-def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingConfig,
+def make_proposer(method: str, settings: DecodeSettings, sampling: SamplingConfig,
                   draft_model: torch.nn.Module | None = None, drafter=None) -> Proposer:
     """A fresh proposer for one of draftsmith's own methods."""
     base = Method.parse(method).base
@@ -248,7 +199,7 @@ def make_proposer(method: str, settings: ProposerSettings, sampling: SamplingCon
     raise DraftsmithError(f"{method!r} is not one of draftsmith's decoding methods")
 
 
-def open_method_resources(methods, settings: ProposerSettings, tokenizer, log=print) -> None:
+def open_method_resources(methods, settings: DecodeSettings, tokenizer, log=print) -> None:
     """Load what the methods need besides models before any run, and say what it is: REST's
     datastore, refused when it was built with another tokenizer than the target's."""
     if NEEDS_DATASTORE & set(methods):
@@ -258,7 +209,7 @@ def open_method_resources(methods, settings: ProposerSettings, tokenizer, log=pr
         log(datastore.describe())
 
 
-def method_reports(methods, settings: ProposerSettings, log=print) -> dict[str, dict]:
+def method_reports(methods, settings: DecodeSettings, log=print) -> dict[str, dict]:
     """What eval.json records under a method besides the common columns: for REST, the
     datastore's build time, size on disk and lookup latency over the run."""
     reports = {}

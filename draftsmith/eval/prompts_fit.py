@@ -20,7 +20,7 @@ from draftsmith.chat import render_chat
 from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import CALIBRATION_TREE
-from draftsmith.eval.methods import ProposerSettings
+from draftsmith.eval.settings import DecodeSettings
 
 AUTOTUNE_LARGEST_TREE = CALIBRATION_TREE  # the largest tree `--tree-total-tokens auto` drafts
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -37,7 +37,7 @@ def context_length(config) -> int | None:
     return None
 
 
-def draft_margin(settings: ProposerSettings, autotune_tree: bool = False) -> int:
+def draft_margin(settings: DecodeSettings, autotune_tree: bool = False) -> int:
     """Positions a verify forward may append past the committed tokens: the longest draft of any
     method's settings, plus the bonus token."""
     lookahead = (settings.lookahead_window + settings.lookahead_guesses) * \

@@ -21,12 +21,13 @@ def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
     counts: it does not draft there). `target`: the target loaded in float32."""
     from draftsmith.decoding.decode import generate
     from draftsmith.decoding.runner import CausalLMRunner
-    from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+    from draftsmith.eval.methods import make_drafter_proposer
+    from draftsmith.eval.settings import DecodeSettings
     from draftsmith.export.load import load_any_drafter
 
     drafter = load_any_drafter(export_dir, target.model)
     runner = CausalLMRunner(target.model, output_hidden_states=True)
-    settings = ProposerSettings(num_draft_tokens=draft_max)
+    settings = DecodeSettings(num_draft_tokens=draft_max)
     results = [generate(runner, make_drafter_proposer("drafter_chain", drafter, settings), ids,
                         max_new_tokens, target.eos_token_ids) for ids in prompts]
     steps = sum(r.steps for r in results)

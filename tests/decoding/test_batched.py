@@ -17,7 +17,8 @@ from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES
 from draftsmith.drafter_folder import LoadedDrafter
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import DRAFTERS
 from tests.decoding.test_decode import _prompt, _reference
 from tests.helpers.drafters import small_settings
@@ -36,7 +37,7 @@ def _prompts():
 def _factories(target):
     """name -> (proposer factory, whether it needs the target's hidden states)."""
     weak = tiny_target("llama", seed=1, vocab_size=target.config.vocab_size)
-    settings = ProposerSettings(num_draft_tokens=3)
+    settings = DecodeSettings(num_draft_tokens=3)
     factories = {
         "plain": (NoDraftProposer, False),
         "prompt_lookup": (lambda: PromptLookupProposer(num_tokens=4), False),

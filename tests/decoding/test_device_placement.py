@@ -25,7 +25,8 @@ from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, Dynami
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.drafter_folder import LoadedDrafter
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import DRAFTERS
 from tests.decoding.test_decode import _prompt, _reference
 from tests.decoding.test_rest import _store
@@ -39,7 +40,7 @@ NEW = 16
 def _proposers(target) -> dict:
     """name -> (proposer factory, needs the target's hidden states); built before the trap."""
     weak = tiny_target("llama", seed=1)
-    settings = ProposerSettings(num_draft_tokens=3, tree=DynamicTreeConfig(2, 3, 6))
+    settings = DecodeSettings(num_draft_tokens=3, tree_topk=2, tree_depth=3, tree_total_tokens=6)
     out = {
         "plain": (NoDraftProposer, False),
         "prompt_lookup": (lambda: PromptLookupProposer(num_tokens=4), False),

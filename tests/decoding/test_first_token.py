@@ -18,7 +18,8 @@ from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, Dynami
 from draftsmith.decoding.runner import CausalLMRunner, ForwardOutput
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.drafter_folder import LoadedDrafter
-from draftsmith.eval.methods import ProposerSettings, make_proposer
+from draftsmith.eval.methods import make_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import DRAFTERS
 from tests.decoding.test_decode import _prompt
 from tests.helpers.drafters import small_settings
@@ -70,7 +71,7 @@ def _factories(target):
     """name -> (proposer factory taking the sampling settings, needs hidden states): every
     family, each drafting at its first step."""
     weak = tiny_target("llama", seed=1)
-    settings = ProposerSettings(num_draft_tokens=3, hybrid_min_ngram=2, lookup_max_ngram=3)
+    settings = DecodeSettings(num_draft_tokens=3, hybrid_min_ngram=2, lookup_max_ngram=3)
     factories = {
         "prompt_lookup": (lambda s: PromptLookupProposer(num_tokens=4), False),
         "lookahead": (lambda s: LookaheadProposer(window=3, ngram=3, guesses=2), False),

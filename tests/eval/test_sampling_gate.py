@@ -26,7 +26,7 @@ from draftsmith.eval.distribution_test import (
 )
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import GATE_LEVEL, failure_message, sampling_gate
-from draftsmith.eval.methods import ProposerSettings
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import DRAFTERS
 from draftsmith.target import Target
 from tests.helpers.drafters import small_settings
@@ -94,7 +94,7 @@ def _executor(tmp_path, methods, model, weak, drafters):
     folders = tuple((label, str(tmp_path)) for label in drafters)
     config = EvalConfig(methods=methods, draft_model="weak", drafters=folders, dtype="float32",
                         sampling=SamplingConfig(temperature=1.0, seed=3), check_lossless=True,
-                        settings=ProposerSettings(hybrid_min_ngram=2))
+                        settings=DecodeSettings(hybrid_min_ngram=2))
     target = Target(model, SimpleNamespace(pad_token_id=0, decode=str), "tiny")
     return MethodExecutor(config, target, weak, {label: (LoadedDrafter(kind, module, {}), model)
                                                  for label, (kind, module) in drafters.items()})

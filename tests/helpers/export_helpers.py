@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.decoding.decode import generate
-from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.drafter_folder import DRAFTER_CONFIG, WEIGHTS, LoadedDrafter
-from draftsmith.eval.methods import ProposerSettings, make_drafter_proposer
+from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import get_spec
 from tests.helpers.tiny_targets import tiny_target
 
@@ -109,7 +109,7 @@ class TreeRecorder:
 
 def decode_with(target, drafter: LoadedDrafter, prompt: list[int], new_tokens: int = 24):
     """Greedy speculative decoding with the kind's default tree; returns (result, trees)."""
-    settings = ProposerSettings(tree=DynamicTreeConfig(3, 4, 10))
+    settings = DecodeSettings(tree_topk=3, tree_depth=4, tree_total_tokens=10)
     recorder = TreeRecorder(make_drafter_proposer("drafter", drafter, settings))
     result = generate(CausalLMRunner(target, output_hidden_states=True), recorder, prompt,
                       new_tokens)
