@@ -34,7 +34,10 @@ NEW_TOKENS = 24
 DRAFT_MAX = 3
 ACCEPTANCE_FLOOR = 0.5  # as the llama.cpp gate: a lost layer id, norm or d2t gives ~0
 DFLASH_ACCEPTANCE_FLOOR = 0.3  # as the llama.cpp gate's DFlash: a whole block per step
-VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
+# SmolLM2's default ids are [1, 14, 26]: other ones show an export whose ids vLLM misses (issue
+# 52 case 5: an eagle3 layout read with vLLM's defaults)
+CUSTOM_IDS = {"layer_ids": [4, 14, 24]}
+VARIANTS = {"eagle3": CUSTOM_IDS, "eagle3.1": {**CUSTOM_IDS, "fc_norm": True, "norm_output": True}}
 
 
 def require_vllm():
