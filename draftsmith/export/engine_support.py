@@ -56,7 +56,7 @@ LOADER_CONTRACTS = {(fmt, "sglang"): "tests/export/test_sglang_loader_contract.p
 def all_formats() -> list[ExportFormat]:
     """Every export format: the folder layouts, then one GGUF per kind llama.cpp serves."""
     from draftsmith.export.formats import FORMATS
-    from draftsmith.export.gguf_export import gguf_format
+    from draftsmith.export.gguf_format import gguf_format
     from draftsmith.registry import DRAFTERS
 
     return [*FORMATS.values(), *(gguf_format(kind) for kind, spec in DRAFTERS.items()
