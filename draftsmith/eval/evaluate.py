@@ -7,7 +7,7 @@ MT-bench the second turn follows the first method's answer, the same context for
 from __future__ import annotations
 
 import datetime
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,7 +17,6 @@ from draftsmith.chat import render_chat
 from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.proposers.draft_model import check_same_vocab
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.executor import MethodExecutor, load_drafters, training_chat_template
@@ -30,13 +29,11 @@ from draftsmith.eval.lossless import (
     sampling_gate,
     with_logit_gap,
 )
+from draftsmith.eval.method_shapes import autotune_methods, check_block_length
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
-    Method,
-    make_proposer,
     method_reports,
     open_method_resources,
-    tree_shape,
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
 from draftsmith.eval.prompts_fit import check_eval_prompts_fit
@@ -48,59 +45,11 @@ from draftsmith.eval.report import (
     write_batch_plot,
     write_plots,
 )
-from draftsmith.eval.settings import DecodeSettings
 from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
 from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
-from draftsmith.registry import get_spec
 from draftsmith.target import load_target
-
-CALIBRATION_PROMPTS = 4  # the tree autotuner's, spread over the prompt sets
-
-
-def _is_block(method: str, drafters: dict) -> bool:
-    """A method decoded by a block drafter (DFlash, DSpark)."""
-    method = Method.parse(method)
-    return method.uses_drafter and \
-        get_spec(drafters[method.label][0].kind).proposer == "block"
-
-
-def check_block_length(config: EvalConfig, drafters: dict) -> None:
-    """`--block-length` must not exceed what a block drafter of the run proposes per block: a
-    longer one was cut to the block while eval.json recorded the length asked for.
-
-    Raises:
-        DraftsmithError: naming the flag, the drafter, its block size and the longest length.
-    """
-    length = config.settings.block_length
-    if length is None:
-        return
-    for method in config.methods:
-        if not _is_block(method, drafters):
-            continue
-        label = Method.parse(method).label
-        drafter = drafters[label][0]
-        most = drafter.module.proposals
-        if length > most:
-            name = f"drafter {label!r}" if label else "the drafter"
-            raise DraftsmithError(
-                f"--block-length {length} is longer than {name} proposes: a "
-                f"{get_spec(drafter.kind).title} drafter with block_size "
-                f"{drafter.module.block_size} proposes {most} tokens per block; use "
-                f"--block-length {most} or less, or leave it out for the whole block")
-
-
-def _autotuned(method: str, drafters: dict) -> bool:
-    """Methods whose shape `--tree-total-tokens auto` picks: dynamic trees (depth and size) and
-    block drafters' chains (their length)."""
-    parsed = Method.parse(method)
-    if parsed.base == "draft_model_tree":
-        return True
-    if not parsed.uses_drafter:
-        return False
-    shape = parsed.tree_shape(drafters[parsed.label][0].kind)
-    return shape == "dynamic" or (shape == "chain" and _is_block(method, drafters))
 
 
 def method_order(methods: list[str], turn_index: int) -> list[str]:
@@ -111,49 +60,16 @@ def method_order(methods: list[str], turn_index: int) -> list[str]:
     return methods[start:] + methods[:start]
 
 
-def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBudget,
-                                                                           DecodeSettings]:
-    """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py); a
-    block drafter's depth is its block length (one drafter forward whatever the length).
+@dataclass
+class Decoded:
+    """What decoding every prompt turn with every method gave: one record per run, how many
+    turns each method's output equalled plain decoding's (same, count), each method's first
+    divergence from it, and every turn with plain's answer (batch sizes, sampling gate)."""
 
-    Returns:
-        (the autotuner's choice and curves, the method's settings with it)."""
-    cfg = runner.config
-    count = min(CALIBRATION_PROMPTS, len(prompts))  # spread over the sets
-    chosen = [prompts[i * len(prompts) // count] for i in range(count)]
-    calibration = [render_chat(runner.target.tokenizer, [{"role": "user", "content": p.turns[0]}],
-                               runner.chat_template) for p in chosen]
-    drafter, model = runner.drafters.get(Method.parse(method).label, (None, runner.target.model))
-    block = _is_block(method, runner.drafters)
-
-    def settings(depth: int, total: int) -> DecodeSettings:
-        return replace(cfg.settings.with_tree(depth, total),
-                       block_length=depth if block else cfg.settings.block_length)
-
-    def make(depth: int, total: int):
-        return make_proposer(method, settings(depth, total), cfg.sampling, runner.draft_model,
-                             drafter)
-
-    hidden = make(1, 1).needs_hidden_states
-    # a best-first block tree holds k + k^2 + ... nodes, more than EAGLE-2's cap: sizes unclamped
-    shape = {"depths": tuple(range(1, drafter.module.proposals + 1)), "draft_per_step": True,
-             "chain": tree_shape(method, drafter.kind) == "chain", "topk": None} if block else \
-        {"topk": cfg.settings.tree.topk}
-    try:
-        budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
-                               sampling=cfg.sampling, **shape)
-    except ValueError as err:
-        raise DraftsmithError(f"--tree-total-tokens auto for {method}: {err}") from None
-    budget.calibration_prompts = [f"{p.set_name}/{p.item_id}" for p in chosen]
-    best = f"{budget.depth},{budget.total_tokens}"
-    drafting = f"{budget.draft_seconds_per_step * 1e3:.1f} ms per block" if block else \
-        f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth"
-    log(f"{'block' if block else 'tree'} for {method}: depth {budget.depth}, "
-        f"{budget.total_tokens} tokens (expected tau {budget.expected_tau[best]:.2f}, drafting "
-        f"{drafting}, verify "
-        f"{budget.verify_seconds[budget.total_tokens + 1] * 1e3:.0f} ms vs "
-        f"{budget.verify_seconds[1] * 1e3:.0f} ms for one token)")
-    return budget, settings(budget.depth, budget.total_tokens)
+    records: list[RunRecord] = field(default_factory=list)
+    identical: dict[str, list[int]] = field(default_factory=dict)
+    divergent: dict[str, dict] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
 
 
 def run_eval(config: EvalConfig, log=print) -> dict:
@@ -161,12 +77,36 @@ def run_eval(config: EvalConfig, log=print) -> dict:
 
     Raises:
         DraftsmithError: among others, a prompt that cannot fit the target's context with the new
-            tokens and drafts (checked before any weights load).
+            tokens and drafts (checked before any weights load), or a failed lossless check.
     """
     check_eval_prompts_fit(config)
     if config.check_lossless:  # before the first GEMM: cuBLAS reads its workspace setting once
         gpu_gate_settings(config.device)
     prompts = gather_prompts(config.bench, config.prompt_files, config.limit)
+    runner = _runner(config, log)
+    tree_budgets = autotune_methods(runner, prompts, log)
+    warm = _warm_up(runner, prompts)
+    variants = TargetVariants(runner, log)  # quantized copies of the target (--target-quant)
+    variants.warm(warm)
+    decoded = _decode_every_turn(runner, variants, prompts)
+    table = _summary(config, decoded, log)
+    batched = _batch_sizes(runner, decoded, table, warm, log)
+    if config.check_lossless and not config.sampling.greedy:
+        check = sampling_gate(runner, decoded.turns, config.lossless_samples, log)
+    else:
+        chains = [m for m in config.methods if m not in batched["batch_skipped"]] if batched else []
+        check = lossless_report(config, decoded.divergent, runner.drafters, chains)
+    variants.extend_lossless(check)
+    payload = _payload(runner, tree_budgets, table, variants.report(table), check, decoded,
+                       batched)
+    json_path = write_json(Path(config.out_dir) / "eval.json", payload)
+    _report(runner, payload, decoded, json_path, log)
+    return payload
+
+
+def _runner(config: EvalConfig, log) -> MethodExecutor:
+    """The target, the classic draft model and the trained drafters loaded, each method's
+    resources opened, as one executor."""
     target = load_target(config.target, dtype=config.dtype, device=config.device,
                          trust_remote_code=config.trust_remote_code)
     draft_model = None
@@ -176,34 +116,33 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         check_same_vocab(target.model, draft_model)
     drafters = load_drafters(config, target, log)
     check_block_length(config, drafters)
-    tokenizer = target.tokenizer
-    open_method_resources(config.methods, config.settings, tokenizer, log)
+    open_method_resources(config.methods, config.settings, target.tokenizer, log)
     runner = MethodExecutor(config, target, draft_model, drafters)
     runner.chat_template = training_chat_template(drafters, log)
-    tree_budgets = {}
-    if config.autotune_tree:
-        for method in config.methods:
-            if _autotuned(method, drafters):
-                tree_budgets[method], runner.settings[method] = _autotune(runner, method,
-                                                                          prompts, log)
+    return runner
 
+
+def _warm_up(runner: MethodExecutor, prompts) -> list[int]:
+    """First calls pay one-time costs (a GPU loads kernels lazily, per shape class): each method
+    runs a short prompt and the shortest and longest first turns before any timing. Returns the
+    short prompt's ids."""
+    tokenizer = runner.target.tokenizer
     warm = render_chat(tokenizer, [{"role": "user", "content": "Say hello."}], runner.chat_template)
-    # first calls pay one-time costs (a GPU loads kernels lazily, per shape class): each method
-    # runs the short prompt and the shortest and longest first turns before any timing
     firsts = sorted((render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}],
                                  runner.chat_template) for p in prompts), key=len)
     extremes = [firsts[0], firsts[-1]] if firsts and firsts[-1] != firsts[0] else firsts[:1]
-    for method in config.methods:
+    for method in runner.config.methods:
         runner.run(method, warm, 8)
         for ids in extremes:
             runner.run(method, ids, 16)
-    variants = TargetVariants(runner, log)  # quantized copies of the target (--target-quant)
-    variants.warm(warm)
+    return warm
 
-    records: list[RunRecord] = []
-    identical = {m: [0, 0] for m in config.methods[1:]}
-    divergent: dict[str, dict] = {}  # method -> its first divergence from plain decoding
-    turns: list[Turn] = []  # every prompt turn with plain's answer (batch sizes, sampling gate)
+
+def _decode_every_turn(runner: MethodExecutor, variants: TargetVariants, prompts) -> Decoded:
+    """Every prompt turn with every method (the order rotating per turn), each compared with
+    plain decoding; MT-bench's second turn follows plain's answer to the first."""
+    config, tokenizer = runner.config, runner.target.tokenizer
+    decoded = Decoded(identical={m: [0, 0] for m in config.methods[1:]})
     total = sum(len(p.turns) for p in prompts) * len(config.methods) * (1 + len(variants))
     with tqdm(total=total, desc="eval", unit="run") as progress:
         for item in prompts:
@@ -212,51 +151,69 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                 messages.append({"role": "user", "content": text})
                 prompt_ids = render_chat(tokenizer, messages, runner.chat_template)
                 outputs = {}
-                for method in method_order(config.methods, len(turns)):
+                for method in method_order(config.methods, len(decoded.turns)):
                     progress.set_postfix_str(f"{item.set_name}/{item.item_id} {method}")
                     outputs[method], record = runner.run(method, prompt_ids,
                                                          config.max_new_tokens, item.set_name,
                                                          item.item_id, turn)
-                    records.append(record)
+                    decoded.records.append(record)
                     progress.update()
                 reference = outputs[config.methods[0]]
-                for method in config.methods[1:]:
-                    tokens = outputs[method]
-                    identical[method][0] += tokens == reference
-                    identical[method][1] += 1
-                    if tokens != reference and method not in divergent:
-                        divergent[method] = with_logit_gap(first_divergence(
-                            tokenizer, reference, tokens, item, turn), runner, method,
-                            prompt_ids, reference, tokens)
+                _compare(runner, decoded, outputs, item, turn, prompt_ids)
                 variants.run_turn(prompt_ids, item, turn, progress)
-                turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids, reference))
+                decoded.turns.append(Turn(item.set_name, item.item_id, turn, prompt_ids,
+                                          reference))
                 messages.append({"role": "assistant",
                                  "content": tokenizer.decode(reference, skip_special_tokens=True)})
+    return decoded
 
-    table = summarize_all(records, baseline=config.methods[0])
-    for method, (same, count) in identical.items():
+
+def _compare(runner: MethodExecutor, decoded: Decoded, outputs: dict, item, turn: int,
+             prompt_ids: list[int]) -> None:
+    """Count each method's output against plain decoding's; keep its first divergence."""
+    methods, tokenizer = runner.config.methods, runner.target.tokenizer
+    reference = outputs[methods[0]]
+    for method in methods[1:]:
+        tokens = outputs[method]
+        decoded.identical[method][0] += tokens == reference
+        decoded.identical[method][1] += 1
+        if tokens != reference and method not in decoded.divergent:
+            decoded.divergent[method] = with_logit_gap(first_divergence(
+                tokenizer, reference, tokens, item, turn), runner, method, prompt_ids,
+                reference, tokens)
+
+
+def _summary(config: EvalConfig, decoded: Decoded, log) -> dict:
+    """Per prompt set and method: the metrics, the share identical to plain, method reports."""
+    table = summarize_all(decoded.records, baseline=config.methods[0])
+    for method, (same, count) in decoded.identical.items():
         for per_set in table.values():
             if method in per_set:
                 per_set[method]["identical_to_plain"] = same / count if count else None
     for method, report in method_reports(config.methods, config.settings, log).items():
         table["all"][method].update(report)
-    batched: dict = {}
-    if len(config.batch_sizes) > 1:
-        batch_records, batch_divergent, skipped = run_batch_sizes(runner, turns, warm, log)
-        divergent.update(batch_divergent)
-        batched = {"batch_sizes": summarize_batch_sizes(table["all"], batch_records,
-                                                        config.batch_sizes, config.methods[0]),
-                   "batch_skipped": skipped,
-                   "batch_records": [r.to_dict() for r in batch_records]}
-    if config.check_lossless and not config.sampling.greedy:
-        check = sampling_gate(runner, turns, config.lossless_samples, log)
-    else:
-        chains = [m for m in config.methods if m not in batched["batch_skipped"]] if batched else []
-        check = lossless_report(config, divergent, drafters, chains)
-    variants.extend_lossless(check)
-    out_dir = Path(config.out_dir)
-    machine = hardware_record(config.device, target.dtype_choice)
-    payload = {
+    return table
+
+
+def _batch_sizes(runner: MethodExecutor, decoded: Decoded, table: dict, warm: list[int],
+                 log) -> dict:
+    """With several `--batch-size`s: every turn again at each batch size (eval/batch_sizes.py)."""
+    config = runner.config
+    if len(config.batch_sizes) <= 1:
+        return {}
+    records, divergent, skipped = run_batch_sizes(runner, decoded.turns, warm, log)
+    decoded.divergent.update(divergent)
+    return {"batch_sizes": summarize_batch_sizes(table["all"], records, config.batch_sizes,
+                                                 config.methods[0]),
+            "batch_skipped": skipped, "batch_records": [r.to_dict() for r in records]}
+
+
+def _payload(runner: MethodExecutor, tree_budgets: dict, table: dict, variants: dict,
+             check: dict, decoded: Decoded, batched: dict) -> dict:
+    """eval.json: the config, the machine, the drafters, the summary and every record."""
+    config = runner.config
+    machine = hardware_record(config.device, runner.target.dtype_choice)
+    return {
         "config": asdict(config),
         "hardware": describe_hardware(machine),
         "machine": machine,
@@ -268,39 +225,49 @@ def run_eval(config: EvalConfig, log=print) -> dict:
                              "training_steps": d.meta.get("training_steps"),
                              "lora_merged": bool(d.meta.get("lora")),
                              "target": d.meta.get("target")}
-                     for label, path in config.all_drafters() if label in drafters
-                     for d in [drafters[label][0]]},
+                     for label, path in config.all_drafters() if label in runner.drafters
+                     for d in [runner.drafters[label][0]]},
         "summary": table,
-        "target_variants": variants.report(table),
+        "target_variants": variants,
         "lossless_check": check,
-        "records": [r.to_dict() for r in records],
+        "records": [r.to_dict() for r in decoded.records],
         **batched,
     }
-    json_path = write_json(out_dir / "eval.json", payload)
+
+
+def _report(runner: MethodExecutor, payload: dict, decoded: Decoded, json_path: Path,
+            log) -> None:
+    """The tables, the plots and the lossless verdict (raising when it failed)."""
+    config, table, check = runner.config, payload["summary"], payload["lossless_check"]
+    out_dir = Path(config.out_dir)
     plots = write_plots(table, out_dir)
     log(format_table(table))
-    if variants:
+    if payload["target_variants"]:
         log(format_variant_table(payload["target_variants"]))
-    if batched:
-        plots.append(write_batch_plot(batched["batch_sizes"], out_dir))
-        log(format_batch_table(batched["batch_sizes"]))
+    if "batch_sizes" in payload:
+        plots.append(write_batch_plot(payload["batch_sizes"], out_dir))
+        log(format_batch_table(payload["batch_sizes"]))
     if not config.sampling.greedy:
         log("sampling: outputs differ from plain by design; the distribution is the target's")
     else:
-        dtype = target.dtype_choice.dtype if target.dtype_choice else config.dtype
-        for line in identical_lines(identical, dtype):
+        choice = runner.target.dtype_choice
+        for line in identical_lines(decoded.identical, choice.dtype if choice else config.dtype):
             log(line)
     log(f"results: {json_path}; plots: {', '.join(str(p) for p in plots)}")
     if config.check_lossless:
-        if check["failures"]:
-            raise DraftsmithError(f"lossless check failed: {failure_message(check)} "
-                                  f"(details in {json_path})")
-        log(f"lossless check passed: {', '.join(check['checked'])} " + (
-            "reproduce plain greedy decoding token for token (float32)" if check["greedy"] else
-            f"draw their first tokens from the target's distribution ({check['test']}, "
-            f"{check['samples']} draws per prompt, false-failure odds {check['level']:g})"))
-        if check["guarantee"] == GPU_GUARANTEE:
-            log(f"lossless check on a GPU: {GPU_GUARANTEE}")
-        for name, why in check.get("not_gated", {}).items():
-            log(f"lossless check: the {name} is not gated: {why}")
-    return payload
+        _lossless_verdict(check, json_path, log)
+
+
+def _lossless_verdict(check: dict, json_path: Path, log) -> None:
+    """Raise on a failed lossless check; otherwise say what passed and what is not gated."""
+    if check["failures"]:
+        raise DraftsmithError(f"lossless check failed: {failure_message(check)} "
+                              f"(details in {json_path})")
+    log(f"lossless check passed: {', '.join(check['checked'])} " + (
+        "reproduce plain greedy decoding token for token (float32)" if check["greedy"] else
+        f"draw their first tokens from the target's distribution ({check['test']}, "
+        f"{check['samples']} draws per prompt, false-failure odds {check['level']:g})"))
+    if check["guarantee"] == GPU_GUARANTEE:
+        log(f"lossless check on a GPU: {GPU_GUARANTEE}")
+    for name, why in check.get("not_gated", {}).items():
+        log(f"lossless check: the {name} is not gated: {why}")

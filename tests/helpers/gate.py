@@ -1,7 +1,7 @@
 """The every-kind lossless gate's inputs on a tiny random target saved as a folder: a random
 drafter of every registered kind and of each variant in tests/helpers/drafters.py, the draft model,
 a prompt file, and the `draftsmith eval --check-lossless` arguments over all of them. Used by
-tests/eval/test_lossless_gate.py on CPU and by scripts/gpu_check.py on a GPU."""
+tests/eval/test_lossless_gate.py on CPU (scripts/gpu_check_fixtures.py holds gpu_check's own copy)."""
 
 from __future__ import annotations
 
