@@ -32,6 +32,7 @@ from draftsmith.eval.lossless import (
 from draftsmith.eval.method_shapes import autotune_methods, check_block_length
 from draftsmith.eval.methods import (
     NEEDS_DRAFT,
+    Method,
     method_reports,
     open_method_resources,
 )
@@ -240,8 +241,10 @@ def _report(runner: MethodExecutor, payload: dict, decoded: Decoded, json_path: 
     """The tables, the plots and the lossless verdict (raising when it failed)."""
     config, table, check = runner.config, payload["summary"], payload["lossless_check"]
     out_dir = Path(config.out_dir)
-    plots = write_plots(table, out_dir)
-    log(format_table(table))
+    kinds = {label: drafter.kind for label, (drafter, _) in runner.drafters.items()}
+    names = {m: (p := Method.parse(m)).display_name(kinds.get(p.label)) for m in config.methods}
+    plots = write_plots(table, out_dir, names)
+    log(format_table(table, names))
     if payload["target_variants"]:
         log(format_variant_table(payload["target_variants"]))
     if "batch_sizes" in payload:

@@ -40,6 +40,11 @@ OUR_METHODS = {
                       "on a match of >= --hybrid-min-ngram tokens",
 }
 ALL_METHODS = (*OUR_METHODS, *HF_METHODS)
+DISPLAY_NAMES = {"plain": "plain decoding", "prompt_lookup": "prompt lookup",
+                 "lookahead": "lookahead decoding", "rest": "REST",
+                 "draft_model": "draft model (chain)", "draft_model_tree": "draft model (tree)",
+                 "hf_generate": "HF generate", "hf_assisted": "HF assisted generation",
+                 "hf_prompt_lookup": "HF prompt lookup"}
 NEEDS_DRAFT = {"draft_model", "draft_model_tree", "hf_assisted"}
 NEEDS_DRAFTER = {m for m in OUR_METHODS if m.startswith("drafter")}
 CHAIN_METHODS = {"plain", "prompt_lookup", "draft_model"}  # besides drafters decoding chains
@@ -93,6 +98,18 @@ class Method:
     def tree_shape(self, kind: str) -> str:
         """The tree shape this drafter method decodes with for a drafter of `kind`."""
         return get_spec(kind).default_tree if self.shape == "default" else self.shape
+
+    def display_name(self, kind: str | None = None) -> str:
+        """The name tables and plots show, as BENCHMARKS.md writes it: `plain decoding`, `prompt
+        lookup`, `EAGLE-3 (dynamic tree)`, `EAGLE-3 + prompt lookup`; a drafter's label, when
+        the run names several, in brackets. `kind`: the drafter's kind (None: generic)."""
+        if not self.uses_drafter:
+            return DISPLAY_NAMES.get(self.base, self.base)
+        title = get_spec(kind).title if kind else "drafter"
+        shape = self.tree_shape(kind) if kind else self.shape
+        name = f"{title} + prompt lookup" if self.with_lookup else \
+            f"{title} (chain)" if shape == "chain" else f"{title} ({shape} tree)"
+        return f"{name} [{self.label}]" if self.label else name
 
 
 def split_method(method: str) -> tuple[str, str]:

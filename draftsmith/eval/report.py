@@ -14,11 +14,14 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def format_table(table: dict[str, dict[str, dict]]) -> str:
+def format_table(table: dict[str, dict[str, dict]], names: dict[str, str] | None = None) -> str:
     """Rows: set x method; columns: tau, tokens/s, speedup, acceptance at depths 1-3, per-token
-    latency p50 / p90 / p99 and time to first token (p50), with the number of runs."""
+    latency p50 / p90 / p99 and time to first token (p50), with the number of runs. `names`:
+    method -> the name shown (`Method.display_name`; default: the method)."""
+    names = names or {}
     width = max([10, *(len(name) for name in table)])
-    header = (f"{'set':{width}s} {'method':18s} {'runs':>4s} {'tau':>5s} {'tok/s':>7s} "
+    label = max([18, *(len(names.get(m, m)) for rows in table.values() for m in rows)])
+    header = (f"{'set':{width}s} {'method':{label}s} {'runs':>4s} {'tau':>5s} {'tok/s':>7s} "
               f"{'speedup':>8s} {'acc@1':>6s} {'acc@2':>6s} {'acc@3':>6s} {'p50 ms':>7s} "
               f"{'p90 ms':>7s} {'p99 ms':>7s} {'TTFT ms':>8s}")
     lines = [header, "-" * len(header)]
@@ -26,7 +29,7 @@ def format_table(table: dict[str, dict[str, dict]]) -> str:
         for method, s in methods.items():
             acc = (s["acceptance_by_depth"] + [None] * 3)[:3]
             lines.append(
-                f"{set_name:{width}s} {method:18s} {s['runs']:4d} {_fmt(s['tau'], '5.2f')} "
+                f"{set_name:{width}s} {names.get(method, method):{label}s} {s['runs']:4d} {_fmt(s['tau'], '5.2f')} "
                 f"{_fmt(s['tokens_per_second'], '7.1f')} {_fmt(s['speedup'], '7.2f')}x "
                 f"{_fmt(acc[0], '6.2f')} {_fmt(acc[1], '6.2f')} {_fmt(acc[2], '6.2f')} "
                 f"{_fmt(s['latency_ms_p50'], '7.1f')} {_fmt(s['latency_ms_p90'], '7.1f')} "
@@ -36,8 +39,11 @@ def format_table(table: dict[str, dict[str, dict]]) -> str:
 
 
 
-def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
-    """acceptance_by_depth.png (overall) and speedup_by_set.png; returns the written paths."""
+def write_plots(table: dict[str, dict[str, dict]], out_dir: Path,
+                names: dict[str, str] | None = None) -> list[Path]:
+    """acceptance_by_depth.png (overall) and speedup_by_set.png, methods shown by `names`
+    (method -> display name); returns the written paths."""
+    names = names or {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,7 +55,7 @@ def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
     for method, s in table["all"].items():
         rates = s["acceptance_by_depth"]
         if rates:
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=names.get(method, method))
     ax.set(xlabel="draft depth", ylabel="acceptance rate (given the previous was accepted)",
            ylim=(0, 1.02), title="Acceptance per depth (all sets)")
     ax.grid(alpha=0.3)
@@ -66,7 +72,8 @@ def write_plots(table: dict[str, dict[str, dict]], out_dir: Path) -> list[Path]:
     width = 0.8 / max(len(methods), 1)
     for i, method in enumerate(methods):
         values = [table[s].get(method, {}).get("speedup") or 0.0 for s in sets]
-        ax.bar([x + i * width for x in range(len(sets))], values, width, label=method)
+        ax.bar([x + i * width for x in range(len(sets))], values, width,
+               label=names.get(method, method))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(sets))], sets)
     ax.set(ylabel="speedup over plain decoding", title="Speedup per prompt set")

@@ -31,3 +31,15 @@ def test_every_method_name_round_trips_and_default_shapes_follow_the_kind():
     assert Method.parse("drafter_lookup").tree_shape("eagle3") == "dynamic"
     assert Method.parse("drafter_chain").tree_shape("eagle3") == "chain"
     assert Method.parse("draft_model").needs_draft_model
+
+
+@pytest.mark.parametrize(("name", "kind", "shown"), [
+    ("plain", None, "plain decoding"),
+    ("prompt_lookup", None, "prompt lookup"),
+    ("drafter_dynamic", "eagle3", "EAGLE-3 (dynamic tree)"),
+    ("drafter", "eagle3", "EAGLE-3 (dynamic tree)"),
+    ("drafter_lookup@e3", "eagle3", "EAGLE-3 + prompt lookup [e3]"),
+    ("drafter_chain@b", "dflash", "DFlash (chain) [b]"),
+])
+def test_tables_and_plots_name_methods_as_benchmarks_md_does(name, kind, shown):
+    assert Method.parse(name).display_name(kind) == shown
