@@ -51,6 +51,8 @@ def test_bad_options_are_refused_before_any_model_loads(tmp_path, drafter_file, 
 
 def test_a_short_lookup_ngram_alone_needs_no_hybrid_setting():
     from draftsmith.eval.config import build_eval_config
+    from draftsmith.eval.settings import DecodeSettings
 
-    config = build_eval_config(lookup_max_ngram=2, methods=("plain", "prompt_lookup"))
+    config = build_eval_config(settings=DecodeSettings(lookup_max_ngram=2),
+                               methods=("plain", "prompt_lookup"))
     assert config.settings.lookup_max_ngram == 2

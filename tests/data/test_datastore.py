@@ -13,6 +13,7 @@ from draftsmith.data.pipeline import run_data_recipe
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import build_eval_config
 from draftsmith.eval.evaluate import run_eval
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.target import TargetSpec
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
@@ -83,7 +84,8 @@ def test_eval_runs_lookahead_and_rest_losslessly_and_records_the_datastore(works
     config = build_eval_config(
         target=str(workspace / "tiny"), prompt_files=(str(prompts),), bench=(), limit=2,
         max_new_tokens=24, methods=("plain", "lookahead", "rest"), check_lossless=True,
-        datastore=str(workspace / "answers" / "datastore"), out_dir=str(tmp_path / "eval"))
+        settings=DecodeSettings(datastore=str(workspace / "answers" / "datastore")),
+        out_dir=str(tmp_path / "eval"))
     payload = run_eval(config, log=lambda message: None)
     summary = payload["summary"]["all"]
     for method in ("lookahead", "rest"):
@@ -96,4 +98,5 @@ def test_eval_runs_lookahead_and_rest_losslessly_and_records_the_datastore(works
     with pytest.raises(DraftsmithError, match=r"needs a datastore: add --datastore"):
         build_eval_config(methods=("plain", "rest"))
     with pytest.raises(DraftsmithError, match=r"--datastore .* does not exist"):
-        build_eval_config(methods=("plain", "rest"), datastore=str(tmp_path / "nope"))
+        build_eval_config(methods=("plain", "rest"),
+                          settings=DecodeSettings(datastore=str(tmp_path / "nope")))
