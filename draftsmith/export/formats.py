@@ -47,7 +47,10 @@ FORMATS: dict[str, ExportFormat] = {
                      "DSpark, deepseek-ai/DeepSpec layout that vLLM serves (Qwen3DSparkModel)",
                      dspark.write_dspark, dspark.matches_dspark, dspark.read_dspark,
                      dspark.dspark_config_keys, dspark.dspark_serving,
-                     engines=("sglang", "vllm")),
+                     engines=("sglang", "vllm"),
+                     not_served_in={"vllm 0.32.0": "the CPU build runs model runner V1; vLLM "
+                                    "implements DSpark only in its V2 GPU model runner "
+                                    "(config/vllm.py refuses it: measured here)"}),
     )
 }
 
