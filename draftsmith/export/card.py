@@ -129,7 +129,7 @@ def _serving(fmt: ExportFormat, base: str, settings: dict) -> list[str]:
               f"How far draftsmith has checked the `{fmt.name}` layout in each engine (proved: "
               "served next to draftsmith's own loop, the same output and acceptance per draft "
               "position within 2 points; benchmarks/engine-proof/ in draftsmith's repository):",
-              "", *format_support(fmt), ""]
+              "", *format_support(fmt, settings), ""]
     return lines
 
 

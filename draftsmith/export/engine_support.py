@@ -108,12 +108,25 @@ def markdown_table(proofs: dict) -> str:
     return "\n".join(lines)
 
 
-def format_support(fmt: ExportFormat, proofs: dict | None = None) -> list[str]:
-    """A model card's lines: where its format is served and how far that is proved."""
+def format_support(fmt: ExportFormat, settings: dict | None = None,
+                   proofs: dict | None = None) -> list[str]:
+    """A model card's lines: where its format is served and how far that is proved; an engine
+    that would serve another drafter with these drafter `settings` (the registry's
+    `unserved_by`, e.g. a DFlash draft vocabulary in SGLang) is not served."""
+    from dataclasses import fields
+
+    from draftsmith.registry import get_spec
+
     if proofs is None:
         from draftsmith.export.engine_proofs import PROOFS as proofs
+    spec = get_spec(fmt.kind)
+    names = {f.name for f in fields(spec.config_cls)}
+    unserved = spec.unserved_by(spec.make_config(
+        {k: v for k, v in (settings or {}).items() if k in names}))
     lines = ["| engine | status |", "|---|---|"]
     for column in ENGINE_VERSIONS:
         status, detail = cell(fmt, column, proofs)
+        if column.engine in unserved and status != NOT_SERVED:
+            status, detail = NOT_SERVED, "this drafter's settings: see its section above"
         lines.append(f"| {column.label} | {status}{f' ({detail})' if detail else ''} |")
     return lines

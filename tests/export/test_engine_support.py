@@ -50,3 +50,10 @@ def test_the_model_card_names_each_engine_version(tmp_path):
     card = (export_drafter(folder, "medusa", tmp_path / "out") / "README.md").read_text()
     assert "### Engines and versions" in card
     assert "| vLLM 0.33.0 | not served (vLLM 0.33 removed Medusa) |" in card
+
+
+def test_a_card_says_not_served_where_the_drafter_settings_are_refused(tmp_path):
+    _, _, folder = make_checkpoint(tmp_path, "dflash", settings={
+        "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
+    card = (export_drafter(folder, "dflash", tmp_path / "out") / "README.md").read_text()
+    assert "| SGLang 0.5.23 | not served (this drafter's settings" in card
