@@ -142,7 +142,7 @@ def make_data(target, prompts, new_tokens: int, work: Path) -> list[dict]:
     the drafters read, cached in `work/data.pt`."""
     path = work / "data.pt"
     if path.is_file():
-        return torch.load(path)
+        return torch.load(path, weights_only=True)  # our own cache: tensors and lists only
     model, tokenizer = target.model, target.tokenizer
     rows = []
     ids = prompt_token_ids(tokenizer, prompts)
