@@ -2,11 +2,10 @@
 
 The target's Hugging Face folder is loaded in float32, the export with `load_any_drafter`, and each
 prompt is decoded greedily with a chain of the engine's draft length, so the engine's tau and
-acceptance per draft position compare with the loop's like for like. llama.cpp samples the first
-new token from its prompt pass and drafts from the second on, where the loop's first step already
-verifies a draft after the prompt's last token: for llama.cpp the loop's acceptance counts its
-drafts from the second step too (measured on one prompt: the engine 6 drafts, the loop 7, the
-same 17 tokens accepted).
+acceptance per draft position compare with the loop's like for like. The loop takes the first new
+token from the prefill and drafts from there (decoding/decode.py since commit 578a187), as
+llama.cpp and vLLM do, so every draft counts for either engine (llama.cpp's gate: the same
+drafts and accepted tokens as the engine's counters).
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ from pathlib import Path
 
 
 def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
-                    max_new_tokens: int, draft_max: int, first_step_drafts: bool = True) -> dict:
-    """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop;
-    `first_step_drafts` False leaves each prompt's first step out of the acceptance (as llama.cpp
-    counts: it does not draft there). `target`: the target loaded in float32."""
+                    max_new_tokens: int, draft_max: int) -> dict:
+    """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop.
+    `target`: the target loaded in float32."""
     from draftsmith.decoding.decode import generate
     from draftsmith.decoding.runner import CausalLMRunner
     from draftsmith.eval.methods import make_drafter_proposer
@@ -32,9 +30,8 @@ def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
                         max_new_tokens, target.eos_token_ids) for ids in prompts]
     steps = sum(r.steps for r in results)
     tokens = sum(len(r.tokens) for r in results)
-    skip = 0 if first_step_drafts else 1
-    accepted = [a for r in results for a in r.accepted_per_step[skip:]]
-    drafted = [d for r in results for d in r.depth_per_step[skip:]]
+    accepted = [a for r in results for a in r.accepted_per_step]
+    drafted = [d for r in results for d in r.depth_per_step]
     # as the engines count: drafts with position k accepted over all drafts (a draft cut short by
     # the token budget counts as a miss at the positions it did not reach)
     drafts = sum(1 for d in drafted if d > 0)
@@ -47,7 +44,7 @@ def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
             "drafts": drafts,
             "acceptance_per_position": per_position,
             "tokens_per_second": round(tokens / seconds, 2) if seconds > 0 else 0.0,
-            "counted_from_step": 1 + skip, "dtype": "float32",
+            "counted_from_step": 1, "dtype": "float32",
             "answers": [r.tokens for r in results]}
 
 

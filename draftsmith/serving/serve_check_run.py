@@ -393,8 +393,7 @@ def loop_summary(target, export_dir: Path, ids: list[list[int]],
     """draftsmith's loop numbers, with how many of its answers equal the engine's."""
     from draftsmith.serving.serve_check_loop import loop_acceptance
 
-    loop = loop_acceptance(target, export_dir, ids, settings.max_new_tokens, settings.draft_max,
-                           first_step_drafts=settings.engine != "llama.cpp")
+    loop = loop_acceptance(target, export_dir, ids, settings.max_new_tokens, settings.draft_max)
     answers = loop.pop("answers")
     loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
                                      len(answers)]
