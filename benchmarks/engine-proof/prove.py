@@ -310,8 +310,8 @@ def loop_runs(float32_target, checkpoint: Path, ids, new_tokens: int) -> list:
 
 def loop_per_position(results: list, skip: int) -> tuple[list[float], int]:
     """Acceptance per draft position over `results` as the engines count it: drafts whose
-    position k was accepted over all drafts, the first `skip` steps of each answer left out
-    (llama.cpp does not draft at the first new token). Returns (rates, drafts)."""
+    position k was accepted over all drafts, the first `skip` steps of each answer left out.
+    Returns (rates, drafts)."""
     accepted = [a for r in results for a in r.accepted_per_step[skip:]]
     drafted = [d for r in results for d in r.depth_per_step[skip:]]
     drafts = sum(1 for d in drafted if d > 0)
@@ -384,7 +384,7 @@ def prove_pair(name: str, label: str, fmt: str, engine: str, checkpoint: Path, p
     records = compare_outputs(prompts, plain, spec)
     measure_divergences(float32_target, ids, plain, [records], log)
     loops = loop_runs(float32_target, checkpoint, ids, new_tokens)
-    skip = 1 if engine == "llama.cpp" else 0
+    skip = 0  # the loop, as both engines, takes its first new token from the prefill
     # compared where the engine's speculative answer is the loop's text: after a near-tie the
     # two decode different text, whose acceptance says nothing about the export
     same = [n for n, (a, r) in enumerate(zip(spec.answers, loops, strict=True))

@@ -1,5 +1,5 @@
 """Engine proofs the model cards cite: written by benchmarks/engine-proof/table.py from
-benchmarks/engine-proof/results.json (2026-12-06, commit 3edbce7); do not edit by hand."""
+benchmarks/engine-proof/results.json (2026-12-06, commit 4cf75be); do not edit by hand."""
 
 PROOFS = {('dflash', 'dflash', 'vllm', '0.32.0'): [{'drafter': 'dflash',
                                            'engine': [0.0698, 0.0, 0.0],
@@ -48,17 +48,17 @@ PROOFS = {('dflash', 'dflash', 'vllm', '0.32.0'): [{'drafter': 'dflash',
                                            'prompts': 12}],
  ('gguf', 'dflash', 'llama.cpp', '2026.10.11549'): [{'drafter': 'dflash',
                                                      'engine': [0.063, 0.0, 0.0],
-                                                     'loop': [0.0645, 0.0, 0.0],
+                                                     'loop': [0.063, 0.0, 0.0],
                                                      'passed': True,
                                                      'prompts': 12}],
  ('gguf', 'dspark', 'llama.cpp', '2026.10.11549'): [{'drafter': 'dspark',
                                                      'engine': [0.3673, 0.1296, 0.0741],
-                                                     'loop': [0.3802, 0.1342, 0.0767],
+                                                     'loop': [0.3673, 0.1296, 0.0741],
                                                      'passed': True,
                                                      'prompts': 12}],
  ('gguf', 'eagle3', 'llama.cpp', '2026.10.11549'): [{'drafter': 'eagle3',
                                                      'engine': [0.5704, 0.1753, 0.0172],
-                                                     'loop': [0.5679, 0.1643, 0.0179],
+                                                     'loop': [0.5704, 0.1753, 0.0172],
                                                      'passed': True,
                                                      'prompts': 12}],
  ('medusa', 'medusa', 'vllm', '0.32.0'): [{'drafter': 'medusa',
