@@ -122,6 +122,7 @@ class Stage:
         self.time_scale = time_scale
         self.record: dict = {}
         self.cuda = device.startswith("cuda")
+        self.out_of_time: list[str] = []  # the commands killed or skipped for want of time
 
     def save(self, **found) -> None:
         """Add `found` to the record and rewrite it whole (a stage killed mid-write leaves the
@@ -146,6 +147,7 @@ class Stage:
             log.write(f"$ {' '.join(command)}\n")
             start_at = log.tell()
         if timeout <= 0:
+            self.out_of_time.append(f"{name} (skipped)")
             return {"rc": "skipped", "seconds": 0, "tail": "no time left in the stage"}
         start = time.perf_counter()
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -159,6 +161,7 @@ class Stage:
                     if time.perf_counter() - start > timeout:
                         kill_tree(process)
                         rc = "timeout"
+                        self.out_of_time.append(f"{name} (killed after {timeout:.0f} s)")
                         break
                     if stop_when is not None and not stopped and stop_when():
                         with contextlib.suppress(ProcessLookupError):
@@ -184,6 +187,9 @@ def run_stage_here(args) -> int:
     try:
         found = STAGES[args.stage][0](stage)
         stage.record = {"ok": found.pop("ok_all", True), **stage.record}
+        if stage.out_of_time:
+            found["error"] = ("timed out: the stage's time ran out for "
+                              + ", ".join(stage.out_of_time))
         stage.save(**found)
     except Exception as err:  # a failed stage is the finding: record it and go on
         stage.record = {"ok": False, **stage.record}
