@@ -10,11 +10,11 @@ from pathlib import Path
 
 from draftsmith.config_values import positive_int_arg
 from draftsmith.errors import DraftsmithError
-from draftsmith.target_args import add_target_arguments
+from draftsmith.target.args import add_target_arguments
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     if args.action == "list":
         for name, model in offline_models.CATALOG.items():
@@ -37,8 +37,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from draftsmith.chat import generate_reply
-    from draftsmith.target import load_target
+    from draftsmith.target.chat import generate_reply
+    from draftsmith.target.load import load_target
 
     target = load_target(args.target, dtype=args.dtype, device=args.device,
                          trust_remote_code=args.trust_remote_code)
@@ -70,7 +70,7 @@ def _require_output_folder(out: Path, flag: str) -> None:
 def cmd_machine(args: argparse.Namespace) -> int:
     from draftsmith.eval.verify_cost import format_curve, measure_machine, plot_curve
     from draftsmith.files import write_json
-    from draftsmith.target import load_target
+    from draftsmith.target.load import load_target
 
     out = Path(args.out)
     _require_output_folder(out, "--out")  # before the target loads and the minutes of measuring

@@ -34,7 +34,7 @@ def env_stage(stage: Stage) -> dict:
     import torch
     import transformers
 
-    from draftsmith.precision import hardware_record
+    from draftsmith.target.precision import hardware_record
 
     info = {**hardware_record(stage.device), "python": platform.python_version(),
             "transformers": transformers.__version__}
@@ -265,7 +265,7 @@ def target_8b(small: bool, device: str, layers: int | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.precision import choose_dtype
+    from draftsmith.target.precision import choose_dtype
 
     config = config_8b(small)
     if layers:
@@ -334,7 +334,7 @@ def checkpointing_stage(stage: Stage) -> dict:
     import yaml
 
     from draftsmith.models.layers import set_gradient_checkpointing
-    from draftsmith.precision import choose_dtype
+    from draftsmith.target.precision import choose_dtype
 
     config = config_8b(stage.small)
     shape = (1, 128) if stage.small else (2, 2048)

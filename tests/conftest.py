@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from draftsmith.precision import PROBE_ENV
+from draftsmith.target.precision import PROBE_ENV
 from tests.helpers.state import reset_accelerate
 from tests.helpers.tiny_targets import FAMILIES, tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import OfflineModel
+from draftsmith.target import offline_models
+from draftsmith.target.offline_models import OfflineModel
 
 
 def _fake_model(data: bytes, packages=("fake-part1", "fake-part2")) -> OfflineModel:

@@ -3,9 +3,14 @@
 import pytest
 import torch
 
-from draftsmith import precision
 from draftsmith.errors import DraftsmithError
-from draftsmith.precision import CpuInfo, choose_dtype, choose_mixed_precision, hardware_record
+from draftsmith.target import precision
+from draftsmith.target.precision import (
+    CpuInfo,
+    choose_dtype,
+    choose_mixed_precision,
+    hardware_record,
+)
 
 AVX2 = CpuInfo("AMD EPYC", frozenset({"avx2", "fma"}))
 SAPPHIRE = CpuInfo("Intel Xeon Platinum 8480", frozenset({"avx2", "avx512f", "avx512_bf16",

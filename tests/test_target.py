@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from draftsmith import offline_models
-from draftsmith.chat import generate_reply
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import load_target, resolve_device, resolve_dtype
+from draftsmith.target import offline_models
+from draftsmith.target.chat import generate_reply
+from draftsmith.target.load import load_target, resolve_device, resolve_dtype
 from tests.helpers.state import require_offline_model
 from tests.helpers.tiny_targets import tiny_target
 

@@ -36,8 +36,8 @@ from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.run import kind_recipe, prepare_data
 from draftsmith.config_values import apply_overrides, read_yaml_mapping
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
+from draftsmith.target.precision import describe_hardware, hardware_record
 from draftsmith.train.metrics import metrics_rows
 from draftsmith.train.recipe import build_recipe, recipe_schema
 

@@ -22,17 +22,17 @@ import statistics
 import time
 import types
 
-from draftsmith.chat import render_chat
 from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.methods import make_drafter_proposer
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
 from draftsmith.registry import get_spec
-from draftsmith.target import load_target
+from draftsmith.target.chat import render_chat
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 DRAFTERS = {  # label -> (kind, settings): the SmolLM2 benchmark's entries
     "eagle3": ("eagle3", {"draft_vocab_size": 8192, "ttt_steps": 3}),

@@ -27,10 +27,10 @@ from draftsmith.eval.methods import make_drafter_proposer
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export.load import load_any_drafter
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
 from draftsmith.serving.serve_check import prompt_token_ids
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 PARTS = ("draft_block", "draft_logits", "context_kv", "target_feature")
 

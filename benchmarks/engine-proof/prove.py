@@ -50,7 +50,6 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.write import export_drafter
 from draftsmith.files import write_json
 from draftsmith.models.features import cached_features, extract_features, hidden_indices
-from draftsmith.precision import hardware_record
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import (
     ServeCheckSettings,
@@ -62,6 +61,7 @@ from draftsmith.serving.serve_check import (
     run_vllm,
 )
 from draftsmith.serving.serve_check_run import check_servable_export, measure_divergences
+from draftsmith.target.precision import hardware_record
 
 HERE = Path(__file__).resolve().parent
 TARGET = "smollm2-135m-instruct"
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from draftsmith.serving.serve_check_run import target_folder
-    from draftsmith.target import load_target
+    from draftsmith.target.load import load_target
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def worker(args) -> dict:
     for i in sorted({*(a + 1 for a in aux), layers}):
         batch[f"hidden_states.{i}"] = torch.randn(1, t, config.hidden_size, dtype=torch.bfloat16)
     if args.dtype == "auto":  # what `mixed_precision: auto` measures on this machine
-        from draftsmith.precision import choose_dtype
+        from draftsmith.target.precision import choose_dtype
 
         args.dtype = choose_dtype("auto", "cpu", config.hidden_size,
                                   getattr(config, "intermediate_size", None)).dtype
@@ -117,7 +117,7 @@ def main() -> None:
         return
 
     from draftsmith.files import write_json
-    from draftsmith.precision import hardware_record
+    from draftsmith.target.precision import hardware_record
 
     rows = []
     for kind in args.kinds.split(","):

@@ -118,7 +118,7 @@ def worker_train(args) -> dict:
     (this tree: the per-rank stream; before: the whole cache read into a list): peak RSS."""
     import torch
 
-    from draftsmith.target import load_target
+    from draftsmith.target.load import load_target
     from draftsmith.train.loop import run_training
     from draftsmith.train.recipe import build_recipe
     from draftsmith.train.run import read_draft_vocab

@@ -13,7 +13,6 @@ import argparse
 import datetime
 from pathlib import Path
 
-from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers.base import NoDraftProposer
@@ -21,9 +20,10 @@ from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftM
 from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
-from draftsmith.target import load_target
+from draftsmith.target.chat import render_chat
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 
 def main() -> None:

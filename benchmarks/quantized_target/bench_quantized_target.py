@@ -4,7 +4,7 @@ target and its int8 copies, with and without the output head quantized, plus how
 copy's greedy choice agrees with float32's (teacher-forced on the built-in prompts).
 
 Candidates: float32 as `draftsmith eval` runs it (few-row linears installed), torch's built-in
-`torch.ao.quantization.quantize_dynamic` (draftsmith.quantize's `int8`), and, where torchao is
+`torch.ao.quantization.quantize_dynamic` (draftsmith.target.quantize's `int8`), and, where torchao is
 installed (`pip install torchao`; not a draftsmith dependency), torchao's eager int8 weight-only
 form (its dynamic-activation form was several times slower than float32 in a first probe here,
 so it is left out: one 16-token forward took seconds).
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.chat import render_chat
 from draftsmith.data.prompts import load_prompts
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.autotune import measure_verify_cost
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
-from draftsmith.quantize import quantize_model
-from draftsmith.target import load_target
+from draftsmith.target.chat import render_chat
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
+from draftsmith.target.quantize import quantize_model
 
 SIZES = (1, 2, 4, 8, 16)
 

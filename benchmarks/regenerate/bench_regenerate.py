@@ -32,9 +32,9 @@ from draftsmith.data.regeneration_server import open_regeneration_server
 from draftsmith.data.render import prompt_ids, resolve_chat_template
 from draftsmith.data.sources import load_conversations
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 MAX_LENGTH = 384
 

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
+from draftsmith.target.precision import describe_hardware, hardware_record
 from draftsmith.train.budget import SCHEDULES
 
 

@@ -36,10 +36,10 @@ from draftsmith.data.draft_vocab import load_draft_vocab
 from draftsmith.files import write_json
 from draftsmith.models.eagle3 import eagle3_loss
 from draftsmith.models.features import cached_features
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
 from draftsmith.registry import get_spec
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 from draftsmith.train.recipe import load_recipe
 from draftsmith.train.run import stream_cache
 

@@ -15,7 +15,7 @@ from draftsmith.eval.methods import Method, check_methods
 from draftsmith.eval.settings import DecodeSettings, bench_keys, decode_settings_from_mapping
 from draftsmith.registry import get_spec, served_by
 from draftsmith.serving import ENGINES
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
 
 
 @dataclass
@@ -132,7 +132,7 @@ class BenchConfig:
 
     Attributes:
         target: the target spec; dtype: the dtype it trains and decodes in (checked as one
-            `draftsmith.target.TargetSpec`, `target_spec()`; bench.json records them as written).
+            `draftsmith.target.load.TargetSpec`, `target_spec()`; bench.json records them as written).
         data: the data recipe every drafter trains on (prepared once).
         out_dir: everything the benchmark writes for this target (resumable).
         budget_minutes: wall-clock training minutes per drafter (each run's `train.max_minutes`).
@@ -202,7 +202,7 @@ class BenchConfig:
         Raises:
             DraftsmithError: an unknown device, or CUDA where no GPU is visible.
         """
-        from draftsmith.target import resolve_device
+        from draftsmith.target.load import resolve_device
 
         return str(resolve_device(self.device, "device"))
 
@@ -237,7 +237,7 @@ def load_bench_config(path: str | Path, device: str | None = None) -> BenchConfi
             raise DraftsmithError(f"{path}: kinds.{entry.label}.budget_minutes = "
                                   f"{entry.budget_minutes!r} must be > 0")
     if device is not None:
-        from draftsmith.target import resolve_device
+        from draftsmith.target.load import resolve_device
 
         resolve_device(device, "--device")  # named as the flag it came from
         config.device = device

@@ -22,7 +22,7 @@ def check_pass(name: str, spec) -> None:
         DraftsmithError: naming `eval.passes.NAME.KEY`, the value, the choices and an example.
     """
     from draftsmith.data.prompts import PROMPT_SETS
-    from draftsmith.quantize import QUANT_SCHEMES
+    from draftsmith.target.quantize import QUANT_SCHEMES
 
     where = f"eval.passes.{name}"
 

@@ -299,7 +299,7 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     """
     from draftsmith.data.prompt_files import gather_prompts
     from draftsmith.eval.prompts_fit import check_prompts_fit, draft_margin, target_context_length
-    from draftsmith.target import load_tokenizer
+    from draftsmith.target.load import load_tokenizer
 
     ev = config.eval
     target = config.target_spec()

@@ -55,7 +55,7 @@ def marked_text(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
 def cmd_data_show(args: argparse.Namespace) -> int:
     from draftsmith.data.render import RenderStats, render_conversations, resolve_chat_template
     from draftsmith.data.sources import load_conversations
-    from draftsmith.target import load_tokenizer
+    from draftsmith.target.load import load_tokenizer
 
     tokenizer = load_tokenizer(args.target, trust_remote_code=args.trust_remote_code)
     template = resolve_chat_template(tokenizer, args.chat_template)
@@ -132,7 +132,7 @@ def _max_length(text: str) -> int:
 
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `data` verb and its actions to a `parser.add_subparsers()` object."""
-    from draftsmith.offline_models import DEFAULT_TARGET
+    from draftsmith.target.offline_models import DEFAULT_TARGET
 
     data = subparsers.add_parser(
         "data", help="prepare conversations, regenerate responses, cache hidden states")

@@ -1,5 +1,5 @@
 """Data recipes: `DataConfig` (the `data:` section, also embedded in training recipes) and the
-target it runs with (the `target:` section: `draftsmith.target.TargetSpec`, as in training
+target it runs with (the `target:` section: `draftsmith.target.load.TargetSpec`, as in training
 recipes, plus `device`), loaded from YAML with `section.key=value` overrides.
 
 A data recipe file:
@@ -26,7 +26,7 @@ from pathlib import Path
 from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.data.features import FEATURE_KINDS
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
 
 FEATURE_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3")
 REGENERATE_BACKENDS = ("transformers", "openai")
@@ -240,7 +240,7 @@ class DataConfig:
 
 @dataclass
 class DataRecipe:
-    """A whole data recipe: the target (`target:`, see `draftsmith.target.TargetSpec`) and the
+    """A whole data recipe: the target (`target:`, see `draftsmith.target.load.TargetSpec`) and the
     `data:` section."""
 
     target: TargetSpec

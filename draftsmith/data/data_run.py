@@ -10,7 +10,7 @@ from pathlib import Path
 from draftsmith.data.config import DataConfig, DataRecipe
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.ranks import Ranks
-from draftsmith.target import Target
+from draftsmith.target.load import Target
 
 
 @dataclass(frozen=True)

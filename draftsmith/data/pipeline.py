@@ -50,7 +50,7 @@ def run_data_recipe(
         stop_after_shards: stop each sharded step after this many new shards (a later run resumes).
         progress: show progress bars.
         log: where one-line reports go.
-        target: the recipe's target already loaded (`draftsmith.target.Target`); None loads it
+        target: the recipe's target already loaded (`draftsmith.target.load.Target`); None loads it
             (on the rank's device when several processes share the run).
         ranks: the processes of the run (`data/ranks.py`). Rank 0 runs every step; the others
             wait for its rendered samples and write their share of the hidden-state cache

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import cache_dir, install_packages
+from draftsmith.target.offline_models import cache_dir, install_packages
 
 
 @dataclass(frozen=True)

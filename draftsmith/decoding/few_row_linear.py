@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.files import read_json_dict, write_json
-from draftsmith.precision import machine_key
+from draftsmith.target.precision import machine_key
 
 PROBE_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 WIN_MARGIN = 0.9  # the skinny form must take at most this share of the default's time
@@ -36,7 +36,7 @@ _ATTR = "_draftsmith_few_rows"
 
 
 def _probe_file() -> Path:
-    from draftsmith.offline_models import cache_dir
+    from draftsmith.target.offline_models import cache_dir
 
     return cache_dir() / "machine" / "few_row_linear.json"
 

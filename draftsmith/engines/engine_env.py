@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import read_json_dict, write_json
-from draftsmith.offline_models import cache_dir
+from draftsmith.target.offline_models import cache_dir
 
 READY = "ready.json"
 # engine -> (environment variable naming a Python that already has it, the module it must have)

@@ -7,7 +7,7 @@ import argparse
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.settings import add_decode_arguments, decode_settings_from_args
-from draftsmith.target_args import add_target_arguments
+from draftsmith.target.args import add_target_arguments
 
 
 def add_eval_parser(verbs) -> None:

@@ -10,9 +10,9 @@ from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_hybrid_settings, check_methods
 from draftsmith.eval.settings import DecodeSettings
-from draftsmith.offline_models import DEFAULT_TARGET
-from draftsmith.quantize import parse_target_quant
-from draftsmith.target import FLAGS, TargetSpec, resolve_device
+from draftsmith.target.load import FLAGS, TargetSpec, resolve_device
+from draftsmith.target.offline_models import DEFAULT_TARGET
+from draftsmith.target.quantize import parse_target_quant
 
 
 @dataclass
@@ -25,9 +25,9 @@ class EvalConfig:
         drafter: trained drafter folder for the `drafter*` methods, or None.
         drafters: (label, folder) pairs of named drafters evaluated in the same run; their methods
             are written `drafter@label`, `drafter_dynamic@label`, ... (see methods.Method).
-        dtype, device: for target and draft model (`auto`: see draftsmith.precision).
+        dtype, device: for target and draft model (`auto`: see draftsmith.target.precision).
             `target`, `dtype`, `device` and `trust_remote_code` are checked as one
-            `draftsmith.target.TargetSpec` (`target_spec()`); eval.json records them as written.
+            `draftsmith.target.load.TargetSpec` (`target_spec()`); eval.json records them as written.
         bench: built-in prompt sets (mt_bench, humaneval, gsm8k).
         prompt_files: the user's prompt files (Spec-Bench / MT-bench JSONL, OpenAI `messages`
             JSONL, or text with one prompt per line; see data/prompt_files.py).
@@ -48,7 +48,7 @@ class EvalConfig:
         batch_sizes: batch sizes to measure, 1 first: above 1, plain decoding and the chain
             methods decode batches of prompts at once (eval/batch_sizes.py).
         target_quant: target variants, `none` (the target as loaded) first: every method also
-            runs against each quantized copy (eval/target_variants.py, draftsmith/quantize.py).
+            runs against each quantized copy (eval/target_variants.py, draftsmith/target/quantize.py).
     """
 
     target: str = DEFAULT_TARGET

@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.chat import render_chat
 from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.proposers.draft_model import check_same_vocab
 from draftsmith.errors import DraftsmithError
@@ -48,9 +47,10 @@ from draftsmith.eval.report import (
 )
 from draftsmith.eval.target_variants import TargetVariants
 from draftsmith.files import write_json
-from draftsmith.precision import describe_hardware, hardware_record
 from draftsmith.provenance import git_commit
-from draftsmith.target import load_target
+from draftsmith.target.chat import render_chat
+from draftsmith.target.load import load_target
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 
 def method_order(methods: list[str], turn_index: int) -> list[str]:

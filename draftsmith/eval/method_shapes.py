@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from draftsmith.chat import render_chat
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import TreeBudget, autotune_tree
 from draftsmith.eval.config import EvalConfig
@@ -14,6 +13,7 @@ from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.methods import Method, make_proposer, tree_shape
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import get_spec
+from draftsmith.target.chat import render_chat
 
 CALIBRATION_PROMPTS = 4  # the tree autotuner's, spread over the prompt sets
 

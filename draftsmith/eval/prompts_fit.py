@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftsmith.chat import render_chat
 from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import CALIBRATION_TREE
 from draftsmith.eval.settings import DecodeSettings
+from draftsmith.target.chat import render_chat
 
 AUTOTUNE_LARGEST_TREE = CALIBRATION_TREE  # the largest tree `--tree-total-tokens auto` drafts
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -112,7 +112,7 @@ def target_context_length(spec: str, trust_remote_code: bool = False) -> int | N
     """
     from transformers import AutoConfig
 
-    from draftsmith.target import resolve_source
+    from draftsmith.target.source import resolve_source
 
     source, kwargs = resolve_source(spec)
     try:
@@ -131,7 +131,7 @@ def check_eval_prompts_fit(config) -> None:
             target config or tokenizer.
     """
     from draftsmith.data.prompt_files import gather_prompts
-    from draftsmith.target import load_tokenizer
+    from draftsmith.target.load import load_tokenizer
 
     context = target_context_length(config.target, config.trust_remote_code)
     if not context:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from draftsmith.quantize import verified_output
+from draftsmith.target.quantize import verified_output
 
 
 def _fmt(value, spec: str) -> str:

@@ -1,14 +1,14 @@
 """Speculation over a quantized target, side by side with the target as loaded
 (`draftsmith eval --target-quant none,int8wo`).
 
-Each quantized copy (draftsmith/quantize.py) gets its own `MethodExecutor`: every method runs on
+Each quantized copy (draftsmith/target/quantize.py) gets its own `MethodExecutor`: every method runs on
 every prompt turn right after it ran on the target as loaded, with the same drafters, trees and
 prompts (MT-bench's second turn follows the first target's plain answer for every variant). The
 drafters are unchanged; what changes is the model that verifies: its logits decide the tokens and
 hidden-state drafters (EAGLE, Medusa, MTP) read its hidden states, so a variant's output is the
 quantized model's, not the float target's (with weight-only int8 as exactly as over the float
 target; with dynamic int8 not bit-identical to that model's one-token decoding: see
-draftsmith/quantize.py). Speedups are against
+draftsmith/target/quantize.py). Speedups are against
 plain decoding of the same variant; the acceptance drop is against the target as loaded.
 """
 
@@ -18,13 +18,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith import offline_models
 from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import first_divergence
 from draftsmith.eval.methods import Method
 from draftsmith.eval.metrics import RunRecord, summarize_all
-from draftsmith.quantize import quantize_model, verified_output
-from draftsmith.target import Target
+from draftsmith.target import offline_models
+from draftsmith.target.load import Target
+from draftsmith.target.quantize import quantize_model, verified_output
 
 
 def loaded_precision(target: Target) -> str:

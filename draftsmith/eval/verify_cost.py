@@ -19,14 +19,14 @@ from draftsmith.decoding.few_row_linear import (
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import measure_verify_cost
-from draftsmith.precision import describe_hardware, hardware_record
+from draftsmith.target.precision import describe_hardware, hardware_record
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 
 
 def measure_machine(target, device: str = "cpu", sizes: tuple[int, ...] = SIZES,
                     context_len: int = 200, repeats: int = 3, rounds: int = 4) -> dict:
-    """The verify-cost curve of `target` (a loaded `draftsmith.target.Target`) on this machine.
+    """The verify-cost curve of `target` (a loaded `draftsmith.target.load.Target`) on this machine.
 
     Returns:
         {"hardware", "machine", "target", "context_len", "repeats", "curves": {"default": {n:

@@ -12,7 +12,7 @@ def load_target_config(spec: str, trust_remote_code: bool = False):
     """Only the config of a target spec (offline name, folder, .gguf or Hub id): no weights."""
     from transformers import AutoConfig
 
-    from draftsmith.target import resolve_source
+    from draftsmith.target.source import resolve_source
 
     source, kwargs = resolve_source(spec)
     try:

@@ -35,7 +35,7 @@ def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
         DraftsmithError: an offline model not fetched, or a target that is not a local folder
             with no `--target-dir` given.
     """
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     if given:
         folder = Path(given)

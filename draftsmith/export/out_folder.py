@@ -116,8 +116,8 @@ def _base_model_config(spec: str):
     with a warning when it cannot be read here (a Hub id without network or cache)."""
     from transformers import AutoConfig
 
-    from draftsmith import offline_models
-    from draftsmith.target import resolve_source
+    from draftsmith.target import offline_models
+    from draftsmith.target.source import resolve_source
 
     names = [m.name for m in offline_models.CATALOG.values() if spec in (m.name, m.hub_id)]
     if names and offline_models.is_fetched(names[0]):
@@ -141,7 +141,7 @@ def check_base_model(spec: str, ckpt, allow_mismatch: bool = False) -> None:
         DraftsmithError: another Hub model than the recorded one (naming both), or a size that
             differs (naming the key and both values).
     """
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     recorded = base_model_id(ckpt.meta.get("target"))
     given = offline_models.CATALOG[spec].hub_id if spec in offline_models.CATALOG else spec

@@ -65,7 +65,7 @@ def read_checkpoint(folder: str | Path) -> DraftsmithCheckpoint:
 def base_model_id(target: str | None) -> str | None:
     """The Hub id of a training target: offline catalog names map to their upstream id; local paths
     give None (they mean nothing to a serving engine or the Hub)."""
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     if not target:
         return None

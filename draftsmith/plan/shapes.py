@@ -71,7 +71,7 @@ def target_config(name: str, config_path: str | None = None, trust_remote_code: 
     """
     from transformers import AutoConfig
 
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     if config_path is not None:
         path = Path(config_path)

@@ -86,8 +86,8 @@ class ServeCheckSettings:
 
     def __post_init__(self):
         from draftsmith.export.gguf import OUTTYPES
-        from draftsmith.precision import check_dtype
-        from draftsmith.target import resolve_device
+        from draftsmith.target.load import resolve_device
+        from draftsmith.target.precision import check_dtype
 
         types = tuple(self.draft_outtypes)
         if not types or len(set(types)) < len(types) or set(types) - set(OUTTYPES):
@@ -262,7 +262,7 @@ def first_difference(plain: list[int], spec: list[int]) -> int | None:
 
 def prompt_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
     """Each prompt's first turn in the target's chat template."""
-    from draftsmith.chat import render_chat
+    from draftsmith.target.chat import render_chat
 
     return [render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
 

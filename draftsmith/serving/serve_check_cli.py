@@ -7,8 +7,8 @@ from pathlib import Path
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.export.gguf import OUTTYPES
-from draftsmith.offline_models import DEFAULT_TARGET
 from draftsmith.serving import ENGINES
+from draftsmith.target.offline_models import DEFAULT_TARGET
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
         require_export_folder,
         run_serve_check,
     )
-    from draftsmith.target import FLAGS, TargetSpec
+    from draftsmith.target.load import FLAGS, TargetSpec
 
     # the engine runs the target's GGUF itself: only the name is a setting here
     target = TargetSpec(name=args.target, device=None, where=FLAGS)

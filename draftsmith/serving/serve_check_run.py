@@ -40,8 +40,8 @@ def target_files(spec: str, target_gguf: str | None = None, target_outtype: str 
         DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`
             or `--target-outtype`.
     """
-    from draftsmith import offline_models
     from draftsmith.serving.target_gguf import converted_target_gguf
+    from draftsmith.target import offline_models
 
     folder = target_folder(spec)
     if target_outtype:
@@ -192,9 +192,9 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
             written first in the last case.
     """
     from draftsmith.engines.engine_env import require_gpu_engine
-    from draftsmith.precision import hardware_record
     from draftsmith.registry import get_spec
-    from draftsmith.target import load_tokenizer
+    from draftsmith.target.load import load_tokenizer
+    from draftsmith.target.precision import hardware_record
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     if not prompts:
@@ -236,7 +236,7 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
             for compared in [compare_outputs(prompts, plain, run)]}
     @functools.cache
     def float32_target():  # loaded once, for the divergences and the loop
-        from draftsmith.target import load_target
+        from draftsmith.target.load import load_target
 
         return load_target(str(target_dir), dtype="float32", device=settings.device)
 
@@ -346,7 +346,7 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
     speculative `method`."""
     from draftsmith.engines import vllm
     from draftsmith.export.cli import load_target_config
-    from draftsmith.precision import choose_dtype
+    from draftsmith.target.precision import choose_dtype
 
     config = load_target_config(str(target_dir))  # the engine's dtype measured as `auto` chooses
     choice = choose_dtype(settings.dtype, settings.device, config.hidden_size,
@@ -374,7 +374,7 @@ def target_folder(spec: str) -> Path:
     Raises:
         DraftsmithError: an offline model not fetched or corrupted, or no model folder.
     """
-    from draftsmith import offline_models
+    from draftsmith.target import offline_models
 
     if spec in offline_models.CATALOG:
         if not offline_models.is_fetched(spec):

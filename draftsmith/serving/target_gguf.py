@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import sha256_file
+from draftsmith.target import offline_models
 
 # Hugging Face model_type -> llama.cpp's GGUF architecture, where the names differ beyond `_`/`-`
 GGUF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "phi": "phi2",

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.data.shards import budget_line
-from draftsmith.precision import choose_mixed_precision
 from draftsmith.process_group import leave_process_group
+from draftsmith.target.precision import choose_mixed_precision
 from draftsmith.train.budget_clock import BudgetClock
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import check_shared_output, save_drafter, save_state

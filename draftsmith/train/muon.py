@@ -23,7 +23,7 @@ def newton_schulz_dtype(device: str | torch.device) -> torch.dtype:
         return torch.bfloat16
     if device.type != "cpu":
         return torch.float32
-    from draftsmith.precision import choose_dtype
+    from draftsmith.target.precision import choose_dtype
 
     return choose_dtype("auto", "cpu").torch_dtype
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
-from draftsmith.precision import MIXED_PRECISIONS
 from draftsmith.registry import get_spec
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
+from draftsmith.target.precision import MIXED_PRECISIONS
 from draftsmith.train.budget import SCHEDULES
 from draftsmith.train.optimizers import check_optimizer
 

@@ -91,7 +91,7 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
     `data.tokenized: FILE.jsonl` reads pre-tokenized examples; otherwise one process runs the
     data pipeline first (it resumes and skips finished work) and its rendered output is read
     back. Several processes only read data prepared before (`draftsmith data run`, its own step).
-    `target` is the loaded `draftsmith.target.Target` (loaded once for everything).
+    `target` is the loaded `draftsmith.target.load.Target` (loaded once for everything).
 
     Raises:
         DraftsmithError: several processes and data that is not prepared (naming the command).

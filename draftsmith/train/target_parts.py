@@ -81,7 +81,7 @@ def target_folder(spec) -> Path:
         DraftsmithError: a GGUF file (quantized blocks, not rows to shard) or a Hub id (its
             weights fingerprint is taken from loaded tensors, which no rank holds whole here).
     """
-    from draftsmith.target import resolve_source
+    from draftsmith.target.source import resolve_source
 
     source, kwargs = resolve_source(spec.name)
     if "gguf_file" in kwargs or not Path(source).is_dir():
@@ -99,7 +99,7 @@ def empty_target(spec, device: str):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from draftsmith.target import _choose_dtype, load_tokenizer, resolve_dtype
+    from draftsmith.target.load import _choose_dtype, load_tokenizer, resolve_dtype
 
     folder = target_folder(spec)
     remote = spec.trust_remote_code
@@ -164,13 +164,13 @@ def load_sharded_target(spec, device: str):
     """The target sharded across this run's ranks (FSDP2), each rank reading only its rows.
 
     Returns:
-        a `draftsmith.target.Target` whose model's parameters are DTensors sharded on dim 0.
+        a `draftsmith.target.load.Target` whose model's parameters are DTensors sharded on dim 0.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from draftsmith.target import Target
+    from draftsmith.target.load import Target
 
     model, tokenizer, choice, folder = empty_target(spec, device)
     aliases = untie_output_head(model)
@@ -200,7 +200,7 @@ def load_loss_parts(spec, device: str):
     """The target with only its input embeddings and output head read (offline training: the
     loss reads the head, `init_from_target` the embeddings and head); every other parameter
     stays on `meta`, so running the model fails loudly instead of computing with nothing."""
-    from draftsmith.target import Target
+    from draftsmith.target.load import Target
 
     model, tokenizer, choice, folder = empty_target(spec, device)
     aliases = untie_output_head(model)

@@ -82,7 +82,7 @@ def test_a_cache_shard_with_a_flipped_byte_is_refused_before_training(tmp_path):
 def test_training_refuses_a_damaged_cache_before_its_first_step(tiny_folder, tmp_path):
     from accelerate import Accelerator
 
-    from draftsmith.target import TargetSpec
+    from draftsmith.target.load import TargetSpec
     from draftsmith.train.run import stream_cache
 
     target = TargetSpec(name=str(tiny_folder), dtype="float32").load()

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from draftsmith import offline_models
-from draftsmith.offline_models import CATALOG
+from draftsmith.target import offline_models
+from draftsmith.target.offline_models import CATALOG
 from tests.helpers.cli import assert_refused, run_cli
 
 

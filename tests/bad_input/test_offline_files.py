@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import MARKER, OfflineModel
-from draftsmith.target import resolve_source
+from draftsmith.target import file_hashes, offline_models
+from draftsmith.target.offline_models import MARKER, OfflineModel
+from draftsmith.target.source import resolve_source
 from tests.helpers.tiny_targets import tiny_target
 
 
@@ -33,8 +33,8 @@ def _no_hashing(path, *args):
 def fake_model(tmp_path, monkeypatch):
     """A catalog entry `tiny-offline` whose GGUF is 4 KiB of known bytes, in a private cache."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(offline_models, "_hashed", {})
-    monkeypatch.setattr(offline_models, "RACY_NS", 0)  # files written just now keep their hash
+    monkeypatch.setattr(file_hashes, "_hashed", {})
+    monkeypatch.setattr(file_hashes, "RACY_NS", 0)  # files written just now keep their hash
     data = bytes(range(256)) * 16
     model = OfflineModel("tiny-offline", "test-org/tiny", (), "tiny.gguf", len(data),
                          hashlib.sha256(data).hexdigest())
@@ -49,8 +49,8 @@ def test_a_flipped_byte_in_a_catalog_gguf_is_refused(tmp_path, fake_model, monke
     copy.write_bytes(data)
     assert resolve_source(str(copy)) == (str(copy.parent), {"gguf_file": "model.gguf"})
     with monkeypatch.context() as patch:
-        patch.setattr(offline_models, "_hashed", {})  # a new process: the record file answers
-        patch.setattr(offline_models, "sha256_file", _no_hashing)
+        patch.setattr(file_hashes, "_hashed", {})  # a new process: the record file answers
+        patch.setattr(file_hashes, "sha256_file", _no_hashing)
         resolve_source(str(copy))
     _flip_a_byte(copy, 1000)
     with pytest.raises(DraftsmithError, match=r"model.gguf is corrupted: it has the size .* of "
@@ -75,9 +75,9 @@ def test_a_flipped_byte_in_the_converted_folder_is_refused(fake_model, monkeypat
     (folder / MARKER).write_text(json.dumps({"name": model.name, "files_sha256": files}))
     assert resolve_source(model.name) == (str(folder), {})
     with monkeypatch.context() as patch:
-        patch.setattr(offline_models, "sha256_file", _no_hashing)
+        patch.setattr(file_hashes, "sha256_file", _no_hashing)
         resolve_source(model.name)  # unchanged files: no hashing at all
-        patch.setattr(offline_models, "_hashed", {})
+        patch.setattr(file_hashes, "_hashed", {})
         resolve_source(model.name)  # a new process: the record under the cache answers
     weights = folder / "model.safetensors"
     _flip_a_byte(weights, weights.stat().st_size - 7)
@@ -111,7 +111,7 @@ def test_a_flipped_byte_with_its_mtime_put_back_is_refused(fake_model, monkeypat
     assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (stat.st_size,
                                                                      stat.st_mtime_ns)
     if who == "a new process":
-        monkeypatch.setattr(offline_models, "_hashed", {})
+        monkeypatch.setattr(file_hashes, "_hashed", {})
     with pytest.raises(DraftsmithError, match=r"model.safetensors is corrupted"):
         resolve_source(model.name)
 
@@ -120,16 +120,16 @@ def test_a_file_changed_just_now_is_hashed_again_at_its_next_load(tmp_path, monk
     """A write in the same tick of the inode clock as the recorded hash would keep the stamp, so a
     hash of a file changed within RACY_NS is not kept (git's racy-file rule)."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(offline_models, "_hashed", {})
+    monkeypatch.setattr(file_hashes, "_hashed", {})
     path = tmp_path / "weights.bin"
     path.write_bytes(b"weights")
     hashed = []
     sha256_file = offline_models.sha256_file
-    monkeypatch.setattr(offline_models, "sha256_file", lambda p: hashed.append(p) or sha256_file(p))
+    monkeypatch.setattr(file_hashes, "sha256_file", lambda p: hashed.append(p) or sha256_file(p))
     for _ in range(2):
-        offline_models.sha256_cached(path)
+        file_hashes.sha256_cached(path, offline_models.cache_dir() / offline_models.VERIFIED)
     assert len(hashed) == 2  # written just now: hashed each time
-    monkeypatch.setattr(offline_models, "RACY_NS", 0)
+    monkeypatch.setattr(file_hashes, "RACY_NS", 0)
     for _ in range(2):
-        offline_models.sha256_cached(path)
+        file_hashes.sha256_cached(path, offline_models.cache_dir() / offline_models.VERIFIED)
     assert len(hashed) == 3  # settled: hashed once, then reused

@@ -12,7 +12,8 @@ import pytest
 
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import HUB_PROBE_TIMEOUT_S, load_target, load_tokenizer
+from draftsmith.target.load import load_target, load_tokenizer
+from draftsmith.target.source import HUB_PROBE_TIMEOUT_S
 
 BOUND_S = HUB_PROBE_TIMEOUT_S + 5  # the probe's wait, plus slack for a busy machine
 

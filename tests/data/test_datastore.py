@@ -14,7 +14,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import build_eval_config
 from draftsmith.eval.evaluate import run_eval
 from draftsmith.eval.settings import DecodeSettings
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
 

@@ -20,7 +20,7 @@ from draftsmith.data.server_check import check_serves_target
 from draftsmith.data.server_client import ChatServer, ServerUnavailable
 from draftsmith.engines.llama_cpp import LlamaCppServer
 from draftsmith.errors import DraftsmithError
-from draftsmith.offline_models import gguf_path
+from draftsmith.target.offline_models import gguf_path
 from tests.helpers.state import require_offline_model
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
@@ -42,7 +42,7 @@ def conversations(n=6):
 
 @pytest.fixture(scope="module")
 def target():
-    from draftsmith.target import load_target
+    from draftsmith.target.load import load_target
 
     loaded = load_target(require_offline_model(NAME), dtype="float32")
     return loaded, resolve_chat_template(loaded.tokenizer)
@@ -155,7 +155,7 @@ def test_killed_server_then_resume_loses_nothing(target, tmp_path):
 def test_recipe_with_a_local_server_resumes_without_starting_one(tmp_path):
     from draftsmith.data.config import DataConfig, DataRecipe
     from draftsmith.data.pipeline import run_data_recipe
-    from draftsmith.target import TargetSpec
+    from draftsmith.target.load import TargetSpec
 
     rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"Count to {i + 2}."},
                                               {"from": "gpt", "value": "Original."}]}

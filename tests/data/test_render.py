@@ -3,7 +3,6 @@
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith import offline_models
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.render import (
     RenderStats,
@@ -12,6 +11,7 @@ from draftsmith.data.render import (
     resolve_chat_template,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.target import offline_models
 from tests.helpers.state import require_offline_model
 from tests.helpers.tiny_tokenizers import (
     CHATML_QWEN25,

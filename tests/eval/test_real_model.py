@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from draftsmith.chat import chat_input_ids
 from draftsmith.cli import main
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers.base import NoDraftProposer
@@ -16,7 +15,8 @@ from draftsmith.decoding.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.decoding.proposers.tree_expansion import DEFAULT_CHOICES, DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.drafter_folder import DRAFTER_CONFIG
-from draftsmith.target import load_target
+from draftsmith.target.chat import chat_input_ids
+from draftsmith.target.load import load_target
 from draftsmith.train.joint import wrap_with_lora
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.state import require_offline_model

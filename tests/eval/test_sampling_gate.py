@@ -28,7 +28,7 @@ from draftsmith.eval.executor import MethodExecutor
 from draftsmith.eval.lossless import GATE_LEVEL, failure_message, sampling_gate
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import DRAFTERS
-from draftsmith.target import Target
+from draftsmith.target.load import Target
 from tests.helpers.drafters import small_settings
 from tests.helpers.export_helpers import build_drafter
 from tests.helpers.tiny_targets import tiny_target

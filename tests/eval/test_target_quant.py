@@ -19,7 +19,7 @@ from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval import executor
 from draftsmith.eval.config import EvalConfig
-from draftsmith.quantize import WeightOnlyInt8Linear, parse_target_quant, quantize_model
+from draftsmith.target.quantize import WeightOnlyInt8Linear, parse_target_quant, quantize_model
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.tiny_targets import save_target_and_draft, tiny_target

@@ -9,8 +9,8 @@ import pytest
 
 from draftsmith.cli import main
 from draftsmith.export.gguf import gguf_fields, gguf_target_layers
-from draftsmith.offline_models import model_dir
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
+from draftsmith.target.offline_models import model_dir
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.state import require_offline_model
 

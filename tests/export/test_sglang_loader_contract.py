@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from draftsmith.export import export_drafter
-from draftsmith.offline_models import cache_dir
+from draftsmith.target.offline_models import cache_dir
 from tests.export.sglang_source import (
     SGLANG_VERSION,
     Config,

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from draftsmith.registry import get_spec
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
 from draftsmith.train.target_parts import full_state_dict, gathered, load_sharded_target
 
 

@@ -41,7 +41,7 @@ def main(out: Path, target_dir: Path, intact: Path, damaged: Path) -> None:
 
     from draftsmith.errors import DraftsmithError
     from draftsmith.registry import get_spec
-    from draftsmith.target import TargetSpec
+    from draftsmith.target.load import TargetSpec
     from draftsmith.train.evaluation import evaluate
     from draftsmith.train.loss_module import LossModule, init_from_first_batch
     from draftsmith.train.recipe import build_recipe

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from draftsmith import offline_models
+from draftsmith.target import offline_models
 
 
 def require_offline_model(name: str) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from draftsmith import offline_models
-from draftsmith.offline_models import MARKER, OfflineModel
+from draftsmith.target import file_hashes, offline_models
+from draftsmith.target.offline_models import MARKER, OfflineModel
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
 
@@ -42,7 +42,7 @@ def fetched_offline_model(tmp_path: Path, monkeypatch) -> OfflineModel:
     GGUF whose size and sha256 the catalog knows, and a converted folder (tiny Llama and
     character tokenizer) with the marker that records its files' sha256."""
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(offline_models, "_hashed", {})
+    monkeypatch.setattr(file_hashes, "_hashed", {})
     data = write_tiny_gguf(tmp_path / "source.gguf").read_bytes()
     model = OfflineModel("tiny-offline", "test-org/tiny", (), "tiny.gguf", len(data),
                          hashlib.sha256(data).hexdigest())

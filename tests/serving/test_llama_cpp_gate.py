@@ -15,9 +15,9 @@ from draftsmith.engines.engine_requests import complete_greedy
 from draftsmith.engines.llama_cpp import LlamaCppServer
 from draftsmith.export.gguf import gguf_fields, gguf_target_layers
 from draftsmith.export.write import export_drafter
-from draftsmith.offline_models import gguf_path
 from draftsmith.serving.serve_check import prompt_token_ids
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
+from draftsmith.target.offline_models import gguf_path
 from tests.helpers.export_helpers import build_drafter, write_checkpoint
 from tests.helpers.state import require_offline_model
 from tests.serving.overfit import overfit_dflash, overfit_eagle3

@@ -73,7 +73,7 @@ def test_the_gap_is_the_targets_float32_logit_difference_where_the_answers_part(
     from transformers import AutoModelForCausalLM
 
     from draftsmith.serving.serve_check_loop import divergence_gaps
-    from draftsmith.target import load_target
+    from draftsmith.target.load import load_target
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()
     prompt, shared = [5, 9, 17], [23, 4]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import offline_models
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving.serve_check_run import check_targets
+from draftsmith.target import offline_models
 from tests.helpers.cli import assert_refused, run_cli
 from tests.serving.fake_targets import fetched_offline_model, write_tiny_gguf
 

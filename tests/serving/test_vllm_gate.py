@@ -24,7 +24,7 @@ from draftsmith.engines.engine_env import engine_info
 from draftsmith.engines.vllm import ENGINE, engine_python
 from draftsmith.export.write import export_drafter
 from draftsmith.serving.serve_check import prompt_token_ids
-from draftsmith.target import load_target
+from draftsmith.target.load import load_target
 from tests.helpers.state import require_offline_model
 from tests.serving.overfit import overfit_dflash, overfit_eagle3
 

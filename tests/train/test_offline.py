@@ -63,7 +63,7 @@ def test_offline_training_reads_only_the_embeddings_and_head(kind, settings, tin
     """`train` with offline features loads the target's input embeddings and output head only
     (the rest stays on meta) and trains the same drafter as with the whole target."""
     from draftsmith.data.identity import TargetIdentity
-    from draftsmith.target import TargetSpec
+    from draftsmith.target.load import TargetSpec
     from draftsmith.train.target_parts import load_loss_parts
 
     spec = TargetSpec(name=str(tiny_folder), dtype="float32")

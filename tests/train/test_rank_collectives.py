@@ -29,7 +29,7 @@ def test_every_multi_rank_path_finishes_with_unequal_data_per_rank(tmp_path):
     target = tiny_target("llama")
     target.save_pretrained(tmp_path / "target")
     char_tokenizer().save_pretrained(tmp_path / "target")
-    from draftsmith.target import TargetSpec
+    from draftsmith.target.load import TargetSpec
 
     loaded = TargetSpec(name=str(tmp_path / "target"), dtype="float32").load()
     samples = [RenderedSample(list(range(2 + i, 18 + i)), [0] * 4 + [1] * 12, f"s{i}")

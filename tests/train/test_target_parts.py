@@ -8,7 +8,7 @@ from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import TargetSpec
+from draftsmith.target.load import TargetSpec
 from draftsmith.train.target_parts import fsdp_requested, load_loss_parts, target_folder
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

@@ -110,7 +110,7 @@ def machine_key() -> str:
 
 
 def _probe_path() -> Path:
-    from draftsmith.offline_models import cache_dir
+    from draftsmith.target.offline_models import cache_dir
 
     return cache_dir() / "machine" / "bf16_probe.json"
 

@@ -23,13 +23,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.files import read_json_dict, sha256_file
+from draftsmith.files import sha256_file
+from draftsmith.target.file_hashes import sha256_cached
 
 MARKER = "draftsmith_source.json"
 VERIFIED = "verified_files.json"
@@ -120,47 +120,6 @@ def gguf_path(name: str) -> Path:
 def is_fetched(name: str) -> bool:
     """True when the converted folder is complete (its marker is written last)."""
     return (model_dir(name) / MARKER).is_file()
-
-
-STAMP = ("size", "mtime_ns", "ctime_ns", "inode")
-# a hash taken within this long of the file's last change is not kept: inode times tick with a
-# coarse clock (a jiffy, FAT's 2 s), so a write in the same tick would leave the stamp as it was
-RACY_NS = 2_000_000_000
-_hashed: dict[str, tuple] = {}  # resolved path -> (*stamp, sha256)
-
-
-def file_stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
-    """What a file's hash is reused under: size, mtime, and the inode's ctime and number. A write
-    changes the ctime even when the mtime is put back (`os.utime`), and the ctime cannot be set."""
-    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
-
-
-def sha256_cached(path: Path) -> str:
-    """sha256 of a file, computed once per (path, `file_stamp`) and remembered in this process and
-    in `cache_dir()/verified_files.json` (a file written since has a new stamp and is rehashed)."""
-    key = str(Path(path).resolve())
-    stamp = file_stamp(os.stat(key))
-    if key in _hashed and _hashed[key][:-1] == stamp:
-        return _hashed[key][-1]
-    record_path = cache_dir() / VERIFIED
-    records = read_json_dict(record_path)
-    entry = records.get(key)
-    if isinstance(entry, dict) and tuple(entry.get(k) for k in STAMP) == stamp:
-        digest = str(entry.get("sha256"))
-    else:
-        digest = sha256_file(Path(key))
-        if time.time_ns() - max(stamp[1], stamp[2]) < RACY_NS:
-            return digest  # changed just now: hashed again next time, as git does a racy file
-        records[key] = {**dict(zip(STAMP, stamp, strict=True)), "sha256": digest}
-        try:
-            record_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record_path.with_name(f".{VERIFIED}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(records, indent=1) + "\n")
-            tmp.replace(record_path)
-        except OSError:  # a read-only cache only costs a rehash next time
-            pass
-    _hashed[key] = (*stamp, digest)
-    return digest
 
 
 def verify_gguf(path: Path, model: OfflineModel) -> None:
@@ -297,7 +256,7 @@ def verify_converted(name: str, *, cached: bool = False) -> None:
         path = folder / file_name
         if not path.is_file():
             raise DraftsmithError(f"{path} is missing from the converted {name}; {fix}")
-        actual = sha256_cached(path) if cached else sha256_file(path)
+        actual = sha256_cached(path, cache_dir() / VERIFIED) if cached else sha256_file(path)
         if actual != expected:
             raise DraftsmithError(
                 f"{path} is corrupted: its sha256 differs from the one recorded when it was "
@@ -326,7 +285,7 @@ def verify_gguf_file(path: Path, *, cached: bool = True) -> OfflineModel | None:
             continue
         if home and size != model.size:
             verify_gguf(path, model)  # the size error, before any hashing
-        if (sha256_cached(path) if cached else sha256_file(path)) != model.sha256:
+        if (sha256_cached(path, cache_dir() / VERIFIED) if cached else sha256_file(path)) != model.sha256:
             fix = (f"run `draftsmith models fetch {model.name} --force`" if home else
                    f"replace it, or run `draftsmith models fetch {model.name}` and pass "
                    f"{model.name} as the target")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import Target
+from draftsmith.target.load import Target
 
 
 @dataclass

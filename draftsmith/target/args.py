@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftsmith.offline_models import DEFAULT_TARGET
+from draftsmith.target.offline_models import DEFAULT_TARGET
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
