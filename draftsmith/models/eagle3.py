@@ -86,6 +86,9 @@ class Eagle3Config:
             decay_gamma)) or `dpace` (D-PACE, per position from the draft's probability of
             the target's choice at every step).
         decay_gamma: gamma of `decay`.
+        freeze_head: the draft head keeps the target's rows for the draft vocabulary and is not
+            trained (speculators' recipe: its `lm_head` has requires_grad False); it is still
+            saved with the drafter, since engines read the draft-vocabulary rows from it.
     """
 
     draft_vocab_size: int = 32000
@@ -97,6 +100,7 @@ class Eagle3Config:
     loss: str | dict = "kl"
     position_weights: str = "geometric"
     decay_gamma: float = 4.0
+    freeze_head: bool = False
 
     def __post_init__(self):
         if self.draft_vocab_size < 1:
@@ -133,9 +137,9 @@ class Eagle3Midlayer(DraftDecoderLayer):
 class Eagle3Drafter(DraftVocab, nn.Module):
     """EAGLE-3 drafter for a given target config (EAGLE-3.1 with `fc_norm` / `norm_output`).
 
-    Frozen parts copied from the target: `embed_tokens`. Trained: `fc`, `midlayer`, `norm`,
-    `lm_head` (over the draft vocabulary), `fc_norm` (EAGLE-3.1). Buffers: `d2t` (int64 [Vd])
-    and `t2d` (bool [V]).
+    Frozen parts copied from the target: `embed_tokens`, and `lm_head` with `freeze_head`.
+    Trained: `fc`, `midlayer`, `norm`, `lm_head` (over the draft vocabulary, started from the
+    target's rows), `fc_norm` (EAGLE-3.1). Buffers: `d2t` (int64 [Vd]) and `t2d` (bool [V]).
     """
 
     kind = "eagle3"
@@ -158,7 +162,7 @@ class Eagle3Drafter(DraftVocab, nn.Module):
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = Eagle3Midlayer(layer_config)
         self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
-        self.lm_head = nn.Linear(hidden, vd, bias=False)
+        self.lm_head = nn.Linear(hidden, vd, bias=False).requires_grad_(not config.freeze_head)
         self.rotary = Rotary(layer_config)
         self.add_draft_vocab(vd, vocab)
 
