@@ -28,7 +28,7 @@ PACE_WINDOW_MAX = 1024
 # bench's (1.4, 1.4 and 18 s against 1.6 later) cut its total from 10,679 to 4,775 steps at once
 PACE_TRIM = 1 / 8
 REVISE_MIN_CHANGE = 0.02  # a revision moves the total by more than this share and one step
-COSINE_REVISABLE = 0.5  # cosine's horizon moves only in this first share of the run
+COSINE_REVISABLE = 0.5  # cosine's and linear's horizon moves only in this first share of the run
 RETIME_MARGIN = 0.05  # past that, the decay is re-timed only to end this close to the budget
 
 
@@ -51,7 +51,12 @@ def steps_for_budget(seconds_per_step: float, budget_seconds: float, elapsed_sec
     return max(done_steps + 1, min(max_steps, done_steps + more))
 
 
-SCHEDULES = ("cosine", "wsd", "constant")
+SCHEDULES = ("cosine", "wsd", "linear", "constant")
+DECAYS = {  # the rate at decay progress p in [0, 1]
+    "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+    "wsd": lambda p: 1 - p,
+    "linear": lambda p: 1 - p,
+}
 
 
 class StepSchedule:
@@ -61,6 +66,7 @@ class StepSchedule:
       * `cosine`: cosine decay to zero at the end;
       * `wsd` (warmup-stable-decay): full rate until the last `decay_fraction` of the steps, then
         linear decay to zero (a short run spends most of its steps at the peak rate);
+      * `linear`: linear decay from the peak to zero at the end (speculators' scheduler);
       * `constant`: full rate to the end.
 
     `schedule(step)` is the rate after `step` optimizer steps (LambdaLR's convention). A revision
@@ -86,14 +92,13 @@ class StepSchedule:
         if self.kind == "constant":
             return 1.0
         if self.anchor is not None and step >= self.anchor[0]:
-            progress = min(self.progress(step), 1.0)
-            return 1 - progress if self.kind == "wsd" else 0.5 * (1 + math.cos(math.pi * progress))
+            return DECAYS[self.kind](min(self.progress(step), 1.0))
         if self.kind == "wsd":
             decay_steps = max(1, round(self.decay_fraction * self.total))
             left = self.total - step
             return 1.0 if left > decay_steps else max(left, 0) / decay_steps
         progress = (step - self.warmup) / max(self.total - self.warmup, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return DECAYS[self.kind](min(progress, 1.0))
 
     def progress(self, step: int) -> float:
         """How far the decay has gone after `step` steps: 0 before it starts, 1 at the end."""
@@ -103,7 +108,7 @@ class StepSchedule:
         if self.kind == "wsd":
             decay_steps = max(1, round(self.decay_fraction * self.total))
             return min(max((step - self.total + decay_steps) / decay_steps, 0.0), 1.0)
-        if self.kind == "cosine" and step >= self.warmup:
+        if self.kind in ("cosine", "linear") and step >= self.warmup:
             return min((step - self.warmup) / max(self.total - self.warmup, 1), 1.0)
         return 0.0
 
@@ -114,8 +119,8 @@ class StepSchedule:
     def revisable(self, step: int) -> bool:
         """Whether the total may still move freely after `step` steps without changing a rate
         the run has used: `constant` always; `wsd` until its decay starts (the stable phase grows
-        or shrinks); `cosine` during warmup and the first `COSINE_REVISABLE` of the run (a later
-        horizon would jump the rate). Past that point the total is fixed, and only a run that
+        or shrinks); `cosine` and `linear` during warmup and the first `COSINE_REVISABLE` of the
+        run (a later horizon would jump the rate). Past that point the total is fixed, and only a run that
         would miss its budget re-times the rest of the decay (`revise`)."""
         if self.kind == "constant" or step < self.warmup:
             return True

@@ -124,6 +124,19 @@ def test_past_the_fixed_point_a_revision_re_times_the_rest_of_the_decay():
     assert constant.revisable(29) and constant.anchor is None and constant(20) == 1.0
 
 
+def test_linear_decays_evenly_from_the_peak_after_warmup_to_zero_at_the_end():
+    linear = StepSchedule(4, 104, "linear")  # speculators' scheduler, its 4 warmup steps
+    assert [linear(s) for s in (0, 3)] == [0.25, 1.0]
+    assert [round(linear(s), 3) for s in (4, 29, 54, 79, 104)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert linear.progress(54) == pytest.approx(0.5)
+    assert linear.revisable(51) and not linear.revisable(52)  # half the run, as cosine
+    linear.revise(30, 204)  # while revisable the horizon moves: the rate at 54 rises
+    assert linear.anchor is None and linear(54) == pytest.approx(0.75)
+    linear.revise(154, 170)  # past half: the rest of the decay re-timed from 0.25 to zero
+    assert linear.anchor == (154, 0.75) and linear(154) == pytest.approx(0.25)
+    assert linear(162) == pytest.approx(0.125) and linear(170) == 0.0
+
+
 def test_revisions_move_the_total_only_for_a_real_change():
     wsd = StepSchedule(0, 100, "wsd", 0.2)
     assert revised_total(wsd, 10, 90, first=True, seconds_per_step=1, budget_seconds=100) == 90
