@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.decoding.method import Method
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.record import ExportFormat
 from draftsmith.export.weights import read_json
@@ -54,14 +55,14 @@ def read_eval(path: str | Path, meta: dict) -> dict:
     if len(matches) > 1:
         raise DraftsmithError(f"{path} measured several drafters that fit this checkpoint "
                               f"({', '.join(matches)}); evaluate this checkpoint on its own")
-    suffix = f"@{matches[0]}" if matches[0] else ""
+    label = matches[0]
     # the drafter's own trees only: the prompt-lookup hybrid is draftsmith's loop, not an engine's
-    kept = {set_name: {(m[:-len(suffix)] if suffix else m): row for m, row in rows.items()
-                       if m == "plain" or (m.startswith("drafter") and m.endswith(suffix)
-                                           and not m.startswith("drafter_lookup")
-                                           and (suffix or "@" not in m))}
+    kept = {set_name: {method.base: row for name, row in rows.items()
+                       for method in [Method.parse(name)]
+                       if method.base == "plain" or (method.uses_drafter and not method.with_lookup
+                                                     and method.label == label)}
             for set_name, rows in summary.items()}
-    if not any(m.startswith("drafter") for rows in kept.values() for m in rows):
+    if not any(Method.parse(m).uses_drafter for rows in kept.values() for m in rows):
         raise DraftsmithError(f"{path} has no `drafter*` method in its summary")
     return {**payload, "summary": kept, "drafter": measured[matches[0]]}
 
@@ -89,7 +90,7 @@ def _eval_section(payload: dict | None) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for set_name, rows in payload["summary"].items():
         for method, row in rows.items():
-            if method != "plain" and not method.startswith("drafter"):
+            if method != "plain" and not Method.parse(method).uses_drafter:
                 continue
             depth = ", ".join(_number(a) for a in (row.get("acceptance_by_depth") or [])[:6])
             identical = row.get("identical_to_plain")
