@@ -3,9 +3,12 @@
 Under FSDP (`recipes/accelerate/fsdp.yaml`) every rank builds the target on the `meta` device,
 applies FSDP2 `fully_shard` to each decoder layer and to every other module holding weights (the
 embeddings, the final norm, the output head, each its own unit so that it gathers its weights when
-called on its own), then reads from the safetensors files only the rows of each tensor that its
-shard holds, straight onto its device: no rank ever holds the whole target. A tied output head is
-untied into its own (sharded) copy first. Offline training (features from the hidden-state cache)
+called on its own), then to the whole model once as the one root over them (`shard_target`), and
+reads from the safetensors files only the rows of each tensor that its shard holds, straight onto
+its device: no rank ever holds the whole target. A tied output head is untied into its own
+(sharded) copy first. With one root every unit shares its all-gather streams, and each unit's
+pre-forward starts the next one's all-gather (explicit forward prefetch), so a layer's weights
+arrive while the layer before it computes instead of after. Offline training (features from the hidden-state cache)
 reads only the input embeddings and the output head (the cached last hidden state is already
 normalised); the rest of the model stays on `meta`.
 
@@ -16,6 +19,7 @@ is refused with the fix.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from contextlib import contextmanager
@@ -168,7 +172,6 @@ def load_sharded_target(spec, device: str):
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from draftsmith.target.load import Target
 
@@ -176,9 +179,7 @@ def load_sharded_target(spec, device: str):
     aliases = untie_output_head(model)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh(torch.device(device).type, (world,))
-    for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    shard_target(model, init_device_mesh(torch.device(device).type, (world,)))
     model.to_empty(device=device)
     for name, buffer in model.named_buffers():
         buffer.copy_(buffers[name])
@@ -193,7 +194,40 @@ def load_sharded_target(spec, device: str):
             start = rank * -(-param.shape[0] // world)
             local.copy_(read_rows(files, aliases.get(name, name),
                                   slice(start, start + local.shape[0]), local.dtype))
+    make_root(model)
     return Target(model=model, tokenizer=tokenizer, spec=spec.name, dtype_choice=choice)
+
+
+def shard_target(model, mesh) -> None:
+    """FSDP2 over a frozen causal LM on `mesh`: each of `shard_units` its own unit, then the whole
+    model once as their root (it holds no weight of its own), and each decoder layer's all-gather
+    started by the unit that runs before it (the embeddings, then the layer before).
+
+    Every unit reshards after its forward: the target runs forward only (no backward would reuse
+    the gathered weights), so keeping a layer whole would only hold its memory; with the prefetch
+    at most two layers are whole at a time, the one computing and the next.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    order = [m for m in (model.get_input_embeddings(), *model.get_decoder().layers)
+             if isinstance(m, FSDPModule)]
+    for unit, following in itertools.pairwise(order):
+        unit.set_modules_to_forward_prefetch([following])
+
+
+def make_root(model) -> None:
+    """Make the FSDP2-sharded `model` the one root over its units now, with its weights loaded.
+
+    FSDP2 takes as root whichever unit runs forward first. Training runs the target's decoder and
+    output head, never the model's own forward, so without this each unit would become a root of
+    its own at its first call: its own all-gather streams, each all-gather waiting for the compute
+    before it. This is FSDP2's own lazy initialisation (`FSDPState._lazy_init`, which has no
+    public entry but the root's forward), run once here.
+    """
+    model._get_fsdp_state()._lazy_init()
 
 
 def load_loss_parts(spec, device: str):

@@ -105,3 +105,20 @@ def test_sharded_target_and_drafter_gather_back_whole(tmp_path):
         str(tmp_path / "target")], env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith("ok")
+
+
+def test_the_sharded_target_has_one_fsdp_root_and_computes_the_whole_models_features(tmp_path):
+    """2 processes: `load_sharded_target` leaves exactly one FSDP root, the target itself, over
+    every unit (before and after the decoder and the output head run as training runs them), each
+    layer's all-gather prefetched by the unit before it, and the same features as the whole model
+    (`tests/helpers/fsdp_root_check.py`)."""
+    save_tiny_target(tmp_path / "target")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).parents[2]))
+    run = run_or_explain(lambda: [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()), "-m", "tests.helpers.fsdp_root_check",
+        str(tmp_path / "target")], env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("ok")
