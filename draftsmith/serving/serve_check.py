@@ -37,9 +37,10 @@ from draftsmith.engines.engine_requests import (
 )
 from draftsmith.engines.llama_cpp import DraftOptions, LlamaCppServer
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.settings import DecodeSettings
 from draftsmith.serving import ENGINES
 
-DEFAULT_DRAFT_MAX = 3  # EAGLE-3's chain in the engine when --draft-max is not given
+DEFAULT_DRAFT_MAX = 3  # a chain drafter's draft length when a caller gives no settings of eval
 # the largest float32 logit gap between the two answers' tokens where they part that counts as a
 # near-tie: llama.cpp keeps its KV cache in f16 and sums in other orders for several tokens than
 # for one, which moves logits by ~1e-2; a verification bug picks a token the target ranks far lower
@@ -52,8 +53,11 @@ class ServeCheckSettings:
 
     Attributes:
         draft_max: draft tokens per engine step (and the chain length of draftsmith's loop); None
-            = the drafter's own: a block drafter's whole block (DFlash: block_size - 1, which
-            llama.cpp's and vLLM's DFlash draft), else `DEFAULT_DRAFT_MAX`.
+            = from `decode`: a block drafter's `block_length` (None: its whole block, DFlash's
+            block_size - 1, which llama.cpp's and vLLM's DFlash draft), another drafter's
+            `num_draft_tokens`; without `decode`, the whole block or `DEFAULT_DRAFT_MAX`.
+        decode: `draftsmith eval`'s decoding settings (the CLI's flags are eval's): they set the
+            draft length as above, and draftsmith's loop decodes with them.
         max_new_tokens: greedy tokens per prompt.
         min_acceptance: fail below this engine acceptance rate (accepted / drafted tokens).
         threads: engine CPU threads (None: every core this process may use).
@@ -74,6 +78,7 @@ class ServeCheckSettings:
     """
 
     draft_max: int | None = None
+    decode: DecodeSettings | None = None
     max_new_tokens: int = 128
     min_acceptance: float = 0.05
     threads: int | None = None
@@ -111,6 +116,11 @@ class ServeCheckSettings:
             raise DraftsmithError(f"--max-new-tokens {self.max_new_tokens} must be >= 1")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise DraftsmithError(f"--min-acceptance {self.min_acceptance} must be in [0, 1]")
+
+    def loop_decode(self) -> DecodeSettings:
+        """The settings draftsmith's loop decodes with: `decode`, its chain the engine's draft
+        length (`draft_max`, once settled)."""
+        return replace(self.decode or DecodeSettings(), num_draft_tokens=self.draft_max)
 
 
 @dataclass

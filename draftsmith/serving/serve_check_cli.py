@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
+from draftsmith.eval.settings import add_decode_arguments
 from draftsmith.export.gguf import OUTTYPES
 from draftsmith.serving import ENGINES
 from draftsmith.target.offline_models import DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from draftsmith.serving.serve_check import ServeCheckSettings
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
     from draftsmith.data.prompt_files import gather_prompts
     from draftsmith.data.prompts import chosen_sets
-    from draftsmith.serving.serve_check import ServeCheckSettings
     from draftsmith.serving.serve_check_run import (
         check_targets,
         require_export_folder,
@@ -24,12 +28,7 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
 
     # the engine runs the target's GGUF itself: only the name is a setting here
     target = TargetSpec(name=args.target, device=None, where=FLAGS)
-    settings = ServeCheckSettings(draft_max=args.draft_max, max_new_tokens=args.max_new_tokens,
-                                  min_acceptance=args.min_acceptance, threads=args.threads,
-                                  loop=args.loop, engine=args.engine, device=args.device,
-                                  dtype=args.dtype, target_outtype=args.target_outtype,
-                                  draft_outtypes=tuple(t.strip() for t in
-                                                       args.draft_outtype.split(",")))
+    settings = serve_check_settings(args)
     # before any prompt set is installed: the export, the engine's Python, the target's files
     require_export_folder(Path(args.export_dir))
     checked = check_targets(target.name, args.target_gguf, args.engine,
@@ -39,6 +38,21 @@ def cmd_serve_check(args: argparse.Namespace) -> int:
     run_serve_check(args.export_dir, target.name, prompts, args.out, settings,
                     target_gguf=args.target_gguf, checked=checked)
     return 0
+
+
+def serve_check_settings(args: argparse.Namespace) -> ServeCheckSettings:
+    """The `ServeCheckSettings` a parsed `serve-check` command line gives, eval's decoding
+    settings (`--num-draft-tokens`, `--block-length`, ...) among them."""
+    from draftsmith.eval.settings import decode_settings_from_args
+    from draftsmith.serving.serve_check import ServeCheckSettings
+
+    return ServeCheckSettings(decode=decode_settings_from_args(args),
+                              max_new_tokens=args.max_new_tokens,
+                              min_acceptance=args.min_acceptance, threads=args.threads,
+                              loop=args.loop, engine=args.engine, device=args.device,
+                              dtype=args.dtype, target_outtype=args.target_outtype,
+                              draft_outtypes=tuple(t.strip() for t in
+                                                   args.draft_outtype.split(",")))
 
 
 def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
@@ -67,9 +81,10 @@ def add_serve_check_parser(subparsers) -> argparse.ArgumentParser:
                         "float32 loop decodes, so the two compare token for token); converted "
                         "once into the cache")
     add_prompt_arguments(parser, limit=2)
-    parser.add_argument("--draft-max", type=positive_int_arg,
-                        help="draft tokens per engine step (the loop's chain length too; default "
-                        "3, and a DFlash export's whole block, block_size - 1)")
+    add_decode_arguments(parser.add_argument_group(
+        "decoding", "draftsmith eval's settings: the engine drafts --num-draft-tokens per step (a "
+        "block drafter its whole block, which --block-length may only repeat), and --loop "
+        "decodes a chain of that length with these settings"))
     parser.add_argument("--draft-outtype", default="f32",
                         help="llama.cpp: the draft GGUF's weight type(s), comma-separated, one "
                         "speculative run each next to one plain run: f32 (exact), f16, bf16, "

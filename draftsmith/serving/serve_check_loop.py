@@ -12,20 +12,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.eval.settings import DecodeSettings
+
 
 def loop_acceptance(target, export_dir: Path, prompts: list[list[int]],
-                    max_new_tokens: int, draft_max: int) -> dict:
+                    max_new_tokens: int, settings: DecodeSettings) -> dict:
     """tau, acceptance per draft position, tokens/s and the answers of draftsmith's loop.
-    `target`: the target loaded in float32."""
+    `target`: the target loaded in float32; `settings`: eval's decoding settings, the chain
+    (`num_draft_tokens`) the engine's draft length."""
     from draftsmith.decoding.decode import generate
     from draftsmith.decoding.runner import CausalLMRunner
     from draftsmith.eval.methods import make_drafter_proposer
-    from draftsmith.eval.settings import DecodeSettings
     from draftsmith.export.load import load_any_drafter
 
     drafter = load_any_drafter(export_dir, target.model)
     runner = CausalLMRunner(target.model, output_hidden_states=True)
-    settings = DecodeSettings(num_draft_tokens=draft_max)
+    draft_max = settings.num_draft_tokens
     results = [generate(runner, make_drafter_proposer("drafter_chain", drafter, settings), ids,
                         max_new_tokens, target.eos_token_ids) for ids in prompts]
     steps = sum(r.steps for r in results)

@@ -122,24 +122,23 @@ def check_servable_export(export_dir: Path, target_dir: Path, engine: str):
 
 
 def draft_length(drafter, settings: ServeCheckSettings) -> ServeCheckSettings:
-    """`settings` with its draft length settled: a block drafter drafts its whole block in the
-    engines (llama.cpp's `draft-dflash` and vLLM's `dflash` both), so its loop chain is that block
-    too; other drafters take `--draft-max` or `DEFAULT_DRAFT_MAX`.
-
-    Raises:
-        DraftsmithError: a `--draft-max` other than a block drafter's block.
-    """
+    """`settings` with its draft length settled: a block drafter's whole block (the engines'
+    DFlash drafts it, so the loop's chain is that block too), else `draft_max`, else eval's
+    `--num-draft-tokens` (`DEFAULT_DRAFT_MAX` without eval's settings). Raises DraftsmithError
+    for a draft length (`--block-length`) other than a block drafter's block."""
     from draftsmith.registry import get_spec
 
     shift = getattr(get_spec(drafter.kind).build, "label_shift", None)
-    block = drafter.settings.get("block_size")
+    block, decode = drafter.settings.get("block_size"), settings.decode
     if shift is None or block is None:
-        return replace(settings, draft_max=settings.draft_max or DEFAULT_DRAFT_MAX)
+        chain = decode.num_draft_tokens if decode else DEFAULT_DRAFT_MAX
+        return replace(settings, draft_max=settings.draft_max or chain)
     proposals = int(block) - 1 + shift
-    if settings.draft_max not in (None, proposals):
-        raise DraftsmithError(f"--draft-max {settings.draft_max}: this {drafter.kind} export "
-                              f"drafts its whole block, {proposals} tokens (block_size {block}), "
-                              "in the engine; drop --draft-max or pass that")
+    asked = settings.draft_max or (decode.block_length if decode else None)
+    if asked not in (None, proposals):
+        raise DraftsmithError(f"--block-length {asked}: this {drafter.kind} export drafts its "
+                              f"whole block, {proposals} tokens (block_size {block}), in the "
+                              "engine; drop --block-length or pass that")
     return replace(settings, draft_max=proposals)
 
 
@@ -393,7 +392,7 @@ def loop_summary(target, export_dir: Path, ids: list[list[int]],
     """draftsmith's loop numbers, with how many of its answers equal the engine's."""
     from draftsmith.serving.serve_check_loop import loop_acceptance
 
-    loop = loop_acceptance(target, export_dir, ids, settings.max_new_tokens, settings.draft_max)
+    loop = loop_acceptance(target, export_dir, ids, settings.max_new_tokens, settings.loop_decode())
     answers = loop.pop("answers")
     loop["same_answer_as_engine"] = [sum(a == b.tokens for a, b in zip(answers, spec.answers, strict=True)),
                                      len(answers)]

@@ -49,3 +49,27 @@ def test_a_bench_config_s_tree_mapping_and_knobs_are_decode_settings(tmp_path):
 def test_the_eval_defaults_are_the_one_declaration():
     args = build_parser().parse_args(["eval"])
     assert settings.decode_settings_from_args(args) == settings.DecodeSettings()
+
+
+def test_a_new_knob_reaches_serve_check_and_its_loop(monkeypatch):
+    """serve-check takes eval's settings: the same added field is a serve-check flag, rides in
+    its settings and reaches the loop it decodes with, the chain the engine's draft length."""
+    from types import SimpleNamespace
+
+    from draftsmith.serving.serve_check_cli import serve_check_settings
+    from draftsmith.serving.serve_check_run import draft_length
+
+    @dataclass(frozen=True)
+    class Extended(settings.DecodeSettings):
+        new_knob: int = settings.knob(7, "a knob this test adds")
+
+    monkeypatch.setattr(settings, "DecodeSettings", Extended)
+    args = build_parser().parse_args(["serve-check", "EXPORT", "--new-knob", "5",
+                                      "--num-draft-tokens", "2"])
+    checked = serve_check_settings(args)
+    assert checked.decode.new_knob == 5 and checked.draft_max is None
+    eagle3 = SimpleNamespace(kind="eagle3", settings={})
+    loop = draft_length(eagle3, checked).loop_decode()
+    assert (loop.new_knob, loop.num_draft_tokens) == (5, 2)
+    default = serve_check_settings(build_parser().parse_args(["serve-check", "EXPORT"]))
+    assert draft_length(eagle3, default).draft_max == settings.DecodeSettings().num_draft_tokens

@@ -46,7 +46,7 @@ def serve_check(tmp_path, export, prompt_file, *extra) -> tuple[int, dict]:
     out = tmp_path / "serve_check"
     code = main(["serve-check", str(export), "--engine", "llama.cpp", "--target", NAME,
                  "--prompts", str(prompt_file), "--max-new-tokens", str(NEW_TOKENS),
-                 "--draft-max", str(DRAFT_MAX), "--out", str(out), *extra])
+                 "--num-draft-tokens", str(DRAFT_MAX), "--out", str(out), *extra])
     return code, json.loads((out / "serve_check.json").read_text())
 
 
@@ -91,7 +91,7 @@ def dflash_export(smollm, tmp_path_factory):
 def test_overfit_dflash_drafter_is_accepted_by_llama_cpp(dflash_export, tmp_path):
     prompt_file, export = dflash_export
 
-    # --draft-max 3: the whole block; the draft GGUF also in q8_0 (a second speculative run)
+    # its whole block (DRAFT_MAX tokens); the draft GGUF also in q8_0 (a second speculative run)
     code, result = serve_check(tmp_path, export, prompt_file, "--draft-outtype", "f32,q8_0")
 
     assert code == 0

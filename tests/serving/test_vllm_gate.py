@@ -74,7 +74,7 @@ def serve_check(export, prompt_file, out) -> tuple[int, dict]:
     """serve-check in vLLM, float32 (in bf16 near ties can flip between verify and decode)."""
     code = main(["serve-check", str(export), "--engine", "vllm", "--dtype", "float32",
                  "--target", NAME, "--prompts", str(prompt_file), "--max-new-tokens",
-                 str(NEW_TOKENS), "--draft-max", str(DRAFT_MAX), "--loop", "--out", str(out)])
+                 str(NEW_TOKENS), "--num-draft-tokens", str(DRAFT_MAX), "--loop", "--out", str(out)])
     return code, json.loads((out / "serve_check.json").read_text())
 
 
