@@ -29,6 +29,7 @@ from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_i
 from draftsmith.models.features import Features, hidden_indices
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
+from draftsmith.models.peagle import PEagleConfig, PEagleDrafter, peagle_loss
 from draftsmith.models.target_support import HEAD_FIELDS, LAYER_FIELDS, check_target_supported
 
 
@@ -203,6 +204,23 @@ DRAFTERS: dict[str, DrafterSpec] = {
             reads_aux_layers=True,
             engine_methods={"vllm": "eagle3", "sglang": "EAGLE3", "llama.cpp": "draft-eagle3"},
             unserved_by=lambda cfg: {"llama.cpp": EAGLE31_NOT_IN_LLAMA_CPP} if cfg.eagle31 else {},
+        ),
+        DrafterSpec(
+            kind="peagle",
+            title="P-EAGLE",
+            description="P-EAGLE: EAGLE-3 drafting every depth in one forward (parallel slots)",
+            config_cls=PEagleConfig,
+            build=PEagleDrafter,
+            aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
+            loss=lambda m, f: peagle_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
+                                          f.aux_hidden, f),
+            proposer="parallel",
+            tree_shapes=("chain", "dynamic"),
+            frozen_prefixes=("embed_tokens.",),
+            uses_draft_vocab=True,
+            custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
+            reads_aux_layers=True,
+            engine_methods={"vllm": "eagle3"},  # with "parallel_drafting": true
         ),
         DrafterSpec(
             kind="mtp",

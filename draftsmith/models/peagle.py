@@ -1,0 +1,278 @@
+"""P-EAGLE drafter: EAGLE-3 that drafts every depth in one forward (parallel drafting).
+
+The module is EAGLE-3's (`Eagle3Drafter`: fused low/mid/high features, the 2H-wide decoder layer,
+the draft vocabulary, EAGLE-3.1's norms) plus a learnable `mask_hidden` [1, 1, 3H] that stands in
+for the fused target features no one has yet at the parallel slots, whose input token is
+`mask_token_id`. At decode time one causal forward runs the newly verified rows and then k-1 slots
+`(mask_token_id, fc(mask_hidden))` at the positions after them: the last real row drafts depth 1,
+slot d depth d+1 (vLLM's `parallel_drafting`, REFERENCE.md section 7.3).
+
+Training samples the slots by COD (conditional drop-token) sampling: depth 0 is every real row;
+depth d keeps a random subset of depth d-1's anchors, floor((n - d) * max(r^d, r_min)) of the n
+trained positions of a sequence (r = 0.7, r_min = 0.2 as speculators). Element (anchor a, depth d)
+sits at position a + d and attends to the real rows up to a and to its own anchor's earlier
+depths: EAGLE-3's training-time-test pattern with rows indexed by anchor, so the training forward
+is EAGLE-3's packed-row step (`step_rows`, `ttt_attention`) with the mask inputs instead of the
+previous step's output. Each depth matches the target's distribution at a + d + 1 over the draft
+vocabulary (KL by default, no position decay); losses and Muon are EAGLE-3's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import Eagle3Drafter, ttt_rows
+from draftsmith.models.layers import KV, TargetLogits, restrict_target_logits, shift_left
+from draftsmith.models.losses import (
+    PositionLosses,
+    check_position_weights,
+    decay_weights,
+    parse_loss,
+)
+
+
+@dataclass
+class PEagleConfig:
+    """P-EAGLE settings (EAGLE-3's, with the parallel slots' in place of the TTT unroll).
+
+    Attributes:
+        draft_vocab_size: Vd, tokens the drafter can propose (<= target vocab).
+        num_depths: depths trained, and the most drafts one forward proposes (speculators'
+            schema default 8; SpecForge's example 5).
+        cod_ratio: COD sampling's r: depth d keeps a fraction max(r^d, cod_min_ratio) of the
+            positions (speculators 0.7, SpecForge 0.8).
+        cod_min_ratio: COD sampling's floor r_min (0.2 in both).
+        mask_token_id: the parallel slots' input token; None = the target's pad token, else its
+            eos token (SmolLM2 has no unused embedding row). Recorded once built.
+        layer_ids: target layer outputs to fuse; None = `eagle3_layer_ids(N)`.
+        fc_norm, norm_output: EAGLE-3.1's norms (see `Eagle3Config`).
+        loss: per-depth loss against the target's distribution (see models/losses.py).
+        position_weights: `geometric` (step_weight ** d), `decay` or `dpace`.
+        step_weight: weight decay per depth of `geometric`; 1.0 = none, as the peers train.
+        decay_gamma: gamma of `decay`.
+    """
+
+    draft_vocab_size: int = 32000
+    num_depths: int = 8
+    cod_ratio: float = 0.7
+    cod_min_ratio: float = 0.2
+    mask_token_id: int | None = None
+    layer_ids: list[int] | None = None
+    fc_norm: bool = False
+    norm_output: bool = False
+    loss: str | dict = "kl"
+    position_weights: str = "geometric"
+    step_weight: float = 1.0
+    decay_gamma: float = 4.0
+
+    def __post_init__(self):
+        if self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be >= 1")
+        if self.num_depths < 1:
+            raise ValueError(f"num_depths={self.num_depths} must be >= 1 (drafts per forward)")
+        for name in ("cod_ratio", "cod_min_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in (0, 1] (speculators: "
+                                 "cod_ratio 0.7, cod_min_ratio 0.2)")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id={self.mask_token_id} must be a token id >= 0, or "
+                             "unset for the target's pad / eos token")
+        parse_loss(self.loss)
+        check_position_weights(self.position_weights, self.decay_gamma)
+
+    @property
+    def eagle31(self) -> bool:
+        """Any EAGLE-3.1 setting on."""
+        return self.fc_norm or self.norm_output
+
+
+def default_mask_token(target_config) -> int:
+    """The target's pad token, else its eos token (the first of a list).
+
+    Raises:
+        DraftsmithError: the target names neither; set drafter.mask_token_id.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(target_config, name, None)
+        value = value[0] if isinstance(value, list | tuple) and value else value
+        if isinstance(value, int):
+            return value
+    raise DraftsmithError("P-EAGLE needs a mask token for its parallel slots and the target "
+                          "config names no pad_token_id or eos_token_id; set "
+                          "drafter.mask_token_id to a token id the target rarely emits")
+
+
+class PEagleDrafter(Eagle3Drafter):
+    """P-EAGLE drafter for a given target config: `Eagle3Drafter` plus `mask_hidden`.
+
+    Trained besides EAGLE-3's parts: `mask_hidden` [1, 1, 3H], the fused-feature input of the
+    parallel slots (in the target's hidden space, so it goes through `fc` as vLLM's
+    `combine_hidden_states` does).
+    """
+
+    kind = "peagle"
+
+    def __init__(self, target_config, config: PEagleConfig):
+        token = config.mask_token_id
+        token = default_mask_token(target_config) if token is None else token
+        if token >= target_config.vocab_size:
+            raise DraftsmithError(f"drafter.mask_token_id={token} is outside the target's "
+                                  f"vocabulary (vocab_size={target_config.vocab_size})")
+        super().__init__(target_config, replace(config, mask_token_id=token))
+        width = len(self.layer_ids) * self.layer_config.hidden_size
+        self.mask_hidden = nn.Parameter(torch.randn(1, 1, width) * 0.02)
+
+    @property
+    def proposals(self) -> int:
+        """The most drafts one forward proposes: the depths trained."""
+        return self.config.num_depths
+
+    def mask_feature(self) -> torch.Tensor:
+        """The parallel slots' drafter input, fc(mask_hidden) (fc_norm'ed per layer). (1, H)"""
+        return self.fuse(list(self.mask_hidden[0].split(self.layer_config.hidden_size, -1)))
+
+    def draft_parallel(self, tokens: torch.Tensor, features: torch.Tensor,
+                       position_ids: torch.Tensor, past: KV | None, depth: int
+                       ) -> tuple[torch.Tensor, KV]:
+        """One decode-time forward on one sequence: n new real rows (tokens (n,), features (n, H),
+        positions (n,)) after the cached `past`, then depth - 1 mask slots at the positions after
+        them, all causal.
+
+        Returns:
+            (the states of the last real row and the slots (depth, H), whose heads draft depths
+            1..depth; the real rows' (keys, values), the slots' are dropped).
+        """
+        n, slots = tokens.shape[0], depth - 1
+        device = tokens.device
+        offsets = torch.arange(1, slots + 1, device=device)
+        tokens = torch.cat([tokens, tokens.new_full((slots,), self.config.mask_token_id)])
+        hidden = torch.cat([features.to(self.fc.weight.dtype),
+                            self.mask_feature().expand(slots, -1)])
+        positions = torch.cat([position_ids, position_ids[-1] + offsets])
+        seen = 0 if past is None else past[0].shape[2]
+        rows = n + slots
+        mask = torch.cat([torch.ones(rows, seen, dtype=torch.bool, device=device),
+                          torch.ones(rows, rows, dtype=torch.bool, device=device).tril()], 1)
+        out, (k, v) = self.step(tokens[None], hidden[None], positions[None], mask[None, None],
+                                past, with_logits=False)
+        return out[0, n - 1:], (k[:, :, :n], v[:, :, :n])
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary (..., Vd), float32."""
+        return self.head(hidden).float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target vocabulary (..., V), -inf outside the draft vocabulary."""
+        logits = self.draft_logits(hidden)
+        full = logits.new_full((*logits.shape[:-1], self.t2d.shape[0]), float("-inf"))
+        full[..., self.draft_ids()] = logits
+        return full
+
+
+def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float) -> list[torch.Tensor]:
+    """COD sampling: the anchors each depth trains, (B, T) bool each.
+
+    Depth 0: every trained position (`valid[0]`). Depth d: a uniform random subset of depth
+    d-1's anchors whose depth-d label is trained, floor((n - d) * max(ratio^d, min_ratio)) of
+    them per sequence (n: its depth-0 count; all of them when fewer are eligible). Each set
+    holds the next, as the training step's packed rows require. No host sync.
+
+    Args:
+        valid: (B, T) bool per depth, where that depth's label is trained.
+    """
+    seeds = valid[0].sum(1)
+    chosen = [valid[0]]
+    for depth in range(1, len(valid)):
+        eligible = chosen[-1] & valid[depth]
+        fraction = max(ratio ** depth, min_ratio)
+        count = ((seeds - depth).clamp_min(0).double() * fraction).floor().long()
+        scores = torch.rand(eligible.shape, device=eligible.device).masked_fill(~eligible, -1.0)
+        rank = scores.argsort(1, descending=True).argsort(1)
+        chosen.append(eligible & (rank < count[:, None]))
+    return chosen
+
+
+def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
+                target_logits_after: TargetLogits
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """P-EAGLE's loss over COD-sampled parallel slots.
+
+    Depth 0 at position i feeds token i+1 and the fused target features at i (EAGLE-3's step 0);
+    depth d of anchor i feeds `mask_token_id` and `fc(mask_hidden)` at position i+d. Both are
+    trained to match the target's distribution of token i+d+2 over the draft vocabulary where
+    that token is in the loss mask (a target choice outside the draft vocabulary is a miss).
+    Total = sum_d w_d * mean loss_d (`loss`, `position_weights`: see models/losses.py).
+
+    Args:
+        input_ids, attention_mask, loss_mask: (B, T).
+        aux_hidden: three (B, T, H) target layer outputs.
+        target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
+
+    Returns:
+        (loss, metrics) with `acc_{d}` (top-1 agreement with the target over depth d's sampled
+        anchors) and `loss_{d}`.
+    """
+    cfg = drafter.config
+    b, t = input_ids.shape
+    index = torch.arange(t, device=input_ids.device)[None]
+    draft_ids = drafter.draft_ids()
+    valid = [(shift_left(loss_mask, 2 + d) > 0) & (index < t - 2 - d)
+             for d in range(cfg.num_depths)]
+    trained = cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio)
+    teacher = restrict_target_logits(target_logits_after, draft_ids)
+    weights = [cfg.step_weight ** d for d in range(cfg.num_depths)] \
+        if cfg.position_weights == "geometric" else decay_weights(cfg.num_depths, cfg.decay_gamma)
+    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
+                            input_ids.device)
+    metrics: dict[str, torch.Tensor] = {}
+    for d, rows, out in depth_states(drafter, input_ids, attention_mask, aux_hidden, trained):
+        with torch.no_grad():
+            teacher_rows, target_choice = teacher(trained[d], 1 + d)
+            in_vocab = drafter.t2d[target_choice]
+        scored = trained[d].flatten()[rows]
+        scored[scored.clone()] = in_vocab
+        logp = torch.log_softmax(drafter.head(out[scored]).float(), dim=-1)
+        flat = trained[d].flatten().nonzero().squeeze(1)
+        depth_loss = losses.add(d, logp, teacher_rows[in_vocab], in_vocab.sum().clamp_min(1),
+                                flat=flat[in_vocab], missed=flat[~in_vocab])
+        hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
+        metrics[f"loss_{d}"] = depth_loss
+        metrics[f"acc_{d}"] = hits.sum().float() / trained[d].sum().clamp_min(1)
+    return losses.total(), metrics
+
+
+def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 aux_hidden: list[torch.Tensor], anchors: list[torch.Tensor]
+                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The training forward, one depth at a time, on packed rows (EAGLE-3's `step_rows`).
+
+    Depth 0 runs every real token and every depth-0 anchor (the keys later depths read); depth
+    d > 0 runs its anchors alone, each at position anchor + d with the mask token and feature.
+
+    Args:
+        input_ids, attention_mask: (B, T), right-padded.
+        aux_hidden: three (B, T, H) target layer outputs.
+        anchors: (B, T) bool per depth, each set holding the next (`cod_anchors`).
+
+    Yields:
+        (depth, flat (B * T) positions of its rows (m,) ascending, their states (m, H)).
+    """
+    b, t = input_ids.shape
+    rows = ttt_rows(attention_mask, anchors)[0].flatten().nonzero().squeeze(1)
+    hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
+    tokens = shift_left(input_ids, 1).flatten()[rows]
+    cache: list[KV] = []
+    for d in range(len(anchors)):
+        if d > 0:
+            rows = anchors[d].flatten().nonzero().squeeze(1)
+            tokens = input_ids.new_full(rows.shape, drafter.config.mask_token_id)
+            hidden = drafter.mask_feature().expand(rows.shape[0], -1)
+        out, kv = drafter.step_rows(tokens, hidden, rows % t + d, rows, (b, t), cache)
+        cache = [*cache, kv]
+        yield d, rows, out
