@@ -45,8 +45,8 @@ from draftsmith.eval.report import (
     write_batch_plot,
     write_plots,
 )
+from draftsmith.eval.results import EvalResults, write_eval_results
 from draftsmith.eval.target_variants import TargetVariants
-from draftsmith.files import write_json
 from draftsmith.provenance import git_commit
 from draftsmith.target.chat import render_chat
 from draftsmith.target.load import load_target
@@ -74,7 +74,8 @@ class Decoded:
 
 
 def run_eval(config: EvalConfig, log=print) -> dict:
-    """Run the evaluation; write eval.json and the plots under `config.out_dir`; return the payload.
+    """Run the evaluation; write eval.json (`EvalResults`) and the plots under `config.out_dir`;
+    return what eval.json holds.
 
     Raises:
         DraftsmithError: among others, a prompt that cannot fit the target's context with the new
@@ -98,11 +99,11 @@ def run_eval(config: EvalConfig, log=print) -> dict:
         chains = [m for m in config.methods if m not in batched["batch_skipped"]] if batched else []
         check = lossless_report(config, decoded.divergent, runner.drafters, chains)
     variants.extend_lossless(check)
-    payload = _payload(runner, tree_budgets, table, variants.report(table), check, decoded,
+    results = _results(runner, tree_budgets, table, variants.report(table), check, decoded,
                        batched)
-    json_path = write_json(Path(config.out_dir) / "eval.json", payload)
-    _report(runner, payload, decoded, json_path, log)
-    return payload
+    json_path = write_eval_results(Path(config.out_dir) / "eval.json", results)
+    _report(runner, results, decoded, json_path, log)
+    return results.to_dict()
 
 
 def _runner(config: EvalConfig, log) -> MethodExecutor:
@@ -209,47 +210,47 @@ def _batch_sizes(runner: MethodExecutor, decoded: Decoded, table: dict, warm: li
             "batch_skipped": skipped, "batch_records": [r.to_dict() for r in records]}
 
 
-def _payload(runner: MethodExecutor, tree_budgets: dict, table: dict, variants: dict,
-             check: dict, decoded: Decoded, batched: dict) -> dict:
+def _results(runner: MethodExecutor, tree_budgets: dict, table: dict, variants: dict,
+             check: dict, decoded: Decoded, batched: dict) -> EvalResults:
     """eval.json: the config, the machine, the drafters, the summary and every record."""
     config = runner.config
     machine = hardware_record(config.device, runner.target.dtype_choice)
-    return {
-        "config": asdict(config),
-        "hardware": describe_hardware(machine),
-        "machine": machine,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "torch": torch.__version__,
-        "tree_budgets": {m: asdict(b) for m, b in tree_budgets.items()},
-        "drafters": {label: {"kind": d.kind, "path": path,
-                             "training_steps": d.meta.get("training_steps"),
-                             "lora_merged": bool(d.meta.get("lora")),
-                             "target": d.meta.get("target")}
-                     for label, path in config.all_drafters() if label in runner.drafters
-                     for d in [runner.drafters[label][0]]},
-        "summary": table,
-        "target_variants": variants,
-        "lossless_check": check,
-        "records": [r.to_dict() for r in decoded.records],
+    return EvalResults(
+        config=asdict(config),
+        hardware=describe_hardware(machine),
+        machine=machine,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        commit=git_commit(),
+        torch=torch.__version__,
+        tree_budgets={m: asdict(b) for m, b in tree_budgets.items()},
+        drafters={label: {"kind": d.kind, "path": path,
+                          "training_steps": d.meta.get("training_steps"),
+                          "lora_merged": bool(d.meta.get("lora")),
+                          "target": d.meta.get("target")}
+                  for label, path in config.all_drafters() if label in runner.drafters
+                  for d in [runner.drafters[label][0]]},
+        summary=table,
+        target_variants=variants,
+        lossless_check=check,
+        records=[r.to_dict() for r in decoded.records],
         **batched,
-    }
+    )
 
 
-def _report(runner: MethodExecutor, payload: dict, decoded: Decoded, json_path: Path,
+def _report(runner: MethodExecutor, results: EvalResults, decoded: Decoded, json_path: Path,
             log) -> None:
     """The tables, the plots and the lossless verdict (raising when it failed)."""
-    config, table, check = runner.config, payload["summary"], payload["lossless_check"]
+    config, table, check = runner.config, results.summary, results.lossless_check
     out_dir = Path(config.out_dir)
     kinds = {label: drafter.kind for label, (drafter, _) in runner.drafters.items()}
     names = {m: (p := Method.parse(m)).display_name(kinds.get(p.label)) for m in config.methods}
     plots = write_plots(table, out_dir, names)
     log(format_table(table, names))
-    if payload["target_variants"]:
-        log(format_variant_table(payload["target_variants"]))
-    if "batch_sizes" in payload:
-        plots.append(write_batch_plot(payload["batch_sizes"], out_dir))
-        log(format_batch_table(payload["batch_sizes"]))
+    if results.target_variants:
+        log(format_variant_table(results.target_variants))
+    if results.batch_sizes:
+        plots.append(write_batch_plot(results.batch_sizes, out_dir))
+        log(format_batch_table(results.batch_sizes))
     if not config.sampling.greedy:
         log("sampling: outputs differ from plain by design; the distribution is the target's")
     else:
