@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from draftsmith.export import export_drafter
 from draftsmith.target.offline_models import cache_dir
+from tests.export.sglang_dspark_source import load_dflash_backbone, loader_dict
 from tests.export.sglang_source import (
     SGLANG_VERSION,
     Config,
@@ -154,18 +155,6 @@ def sglang_eagle3_mismatches(models: SourceModels, folder) -> list[str]:
     return problems
 
 
-def loader_dict(models: SourceModels, stem: str, cls: str, name: str) -> dict:
-    """A literal dict a class's methods assign to `name` (e.g. a loader's legacy renames)."""
-    import ast
-
-    node, _ = models._class(cls, stem)
-    for item in ast.walk(node):
-        if isinstance(item, ast.Assign) and any(getattr(t, "id", "") == name
-                                                for t in item.targets):
-            return ast.literal_eval(item.value)
-    raise KeyError(f"{cls} assigns no {name}")
-
-
 EAGLE3_VARIANTS = {"eagle3": {}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
 
 
@@ -218,32 +207,8 @@ def sglang_dflash_mismatches(models: SourceModels, folder) -> list[str]:
     except ValueError as err:
         return [f"SGLang cannot build the draft from config.json: {err}"]
     params, shards = declared.named_parameters(), declared.named_shards()
-    aliases = loader_dict(models, "dflash", "DFlashDraftModel", "_VENDOR_ENCODER_ALIASES")
-    mapping = stacked_params_mapping(models, "dflash", "DFlashDraftModel")
-
-    def resolve(name: str) -> str | None:
-        for candidate in (name, name.removeprefix("model."), f"model.{name}",
-                          aliases.get(name)):
-            if candidate in params:
-                return candidate
-        return None
-
-    problems, loaded = [], set()
-    for name, tensor in load_file(folder / "model.safetensors").items():
-        target, shard = None, None
-        for param_name, weight_name, shard_id in mapping:
-            if f".{weight_name}." in name:
-                target, shard = resolve(name.replace(weight_name, param_name)), shard_id
-                break
-        else:
-            target = resolve(name)
-        if target is None:
-            problems.append(f"{name}: no parameter (skipped by the loader)")
-            continue
-        want = params[target] if shard is None else shards[target][shard]
-        if tuple(tensor.shape) != tuple(want):
-            problems.append(f"{name}: shape {list(tensor.shape)}, {target} needs {list(want)}")
-        loaded.add(target)
+    problems, loaded = load_dflash_backbone(models, params, shards,
+                                            load_file(folder / "model.safetensors"))
     problems += [f"{p} {list(s)} is not in the export (left uninitialised)"
                  for p, s in params.items() if p not in loaded]
     return problems
