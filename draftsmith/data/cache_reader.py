@@ -32,14 +32,15 @@ def scale_key(key: str) -> str:
 
 
 def dequantize_rows(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float8 (n, H) and scales (n,) -> bfloat16 (n, H)."""
-    return (values.float() * scale[:, None]).to(torch.bfloat16)
+    """float8 (..., H) and scales (...) -> bfloat16 (..., H), on their device."""
+    return (values.float() * scale[..., None].float()).to(torch.bfloat16)
 
 
 class ShardReader:
     """Samples of one open shard by index: `{"input_ids", "loss_mask", key..., extra...}`, each
     read from the memory-mapped file alone. float8 hidden states come back dequantised to
-    bfloat16 (`value * row scale`)."""
+    bfloat16 (`value * row scale`), or as stored with their scales (`dequantize=False`: a quarter
+    of the bytes to copy; training dequantises on its device, `train/loader.py`)."""
 
     def __init__(self, handle, keys: Sequence[str], extras: Sequence[str], damaged: str,
                  float8: bool):
@@ -57,10 +58,10 @@ class ShardReader:
         self.slices = {k: handle.get_slice(k) for k in names}
         self.scaled = scaled
 
-    def sample(self, i: int) -> dict[str, torch.Tensor]:
+    def sample(self, i: int, dequantize: bool = True) -> dict[str, torch.Tensor]:
         a, b = self.offsets[i], self.offsets[i + 1]
         sample = {k: s[a:b] for k, s in self.slices.items()}
-        for key in self.scaled:
+        for key in self.scaled if dequantize else ():
             sample[key] = dequantize_rows(sample[key], sample.pop(scale_key(key)))
         sample["input_ids"] = sample["input_ids"].long()
         sample["loss_mask"] = sample["loss_mask"].long()

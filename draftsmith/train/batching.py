@@ -1,10 +1,22 @@
-"""Turning tokenized conversations into batches: held-out split, per-epoch order, padding."""
+"""Turning tokenized conversations into batches: held-out split, per-epoch plans, padding.
+
+Two plans (`train.batching`): `tokens` (the default) groups sequences of similar length from a
+shuffled pool into batches of about `train.batch_size x train.max_length` tokens each, so padding
+stays a few percent and every step computes about as many tokens; `rows` pairs
+`train.batch_size` sequences at random (right padding to the longest: about a quarter of the
+tokens are padding on the quickstart's data). Either plan is a pure function of (seed, epoch), so
+a resumed run reads exactly the batches an uninterrupted one would.
+"""
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Sequence
 
 import torch
+
+POOL_BATCHES = 64  # a pool holds this many batches' worth of sequences (padding vs. mixing)
 
 
 def split_examples(examples: list[dict], eval_fraction: float, seed: int,
@@ -27,15 +39,56 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def token_batches(lengths: Sequence[int], budget: int, pool: int, rng: random.Random,
+                  min_rows: int = 1) -> list[list[int]]:
+    """Length-bucketed batches of the indices of `lengths`: shuffled, cut into pools of `pool`,
+    each pool sorted longest first and cut greedily so that `rows x longest <= budget` (a
+    sequence longer than the budget goes alone), then the batches shuffled.
+
+    Args:
+        lengths: each sequence's length as it will be batched (already cut to max_length).
+        budget: padded tokens per batch at most.
+        pool: sequences sorted together (larger: less padding, less mixing of lengths).
+        rng: the plan's generator (seeded by the caller: the plan is a function of it alone).
+        min_rows: batches with fewer rows are left out (a pool's short tail, when a batch is
+            split across `min_rows` processes).
+
+    Returns:
+        Lists of indices, one per batch, in training order.
+    """
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    for start in range(0, len(order), pool):
+        batch: list[int] = []
+        for i in sorted(order[start:start + pool], key=lambda i: -lengths[i]):
+            if batch and (len(batch) + 1) * lengths[batch[0]] > budget:
+                batches.append(batch)
+                batch = []
+            batch.append(i)
+        batches.append(batch)
+    batches = [b for b in batches if len(b) >= min_rows]
+    rng.shuffle(batches)
+    return batches
+
+
+def padding_share(lengths: Sequence[int], batches: list[list[int]]) -> float:
+    """Share of the padded tokens of `batches` that are padding (right padding to the longest)."""
+    real = sum(lengths[i] for b in batches for i in b)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    return 1 - real / padded if padded else 0.0
+
+
 def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
-    """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each, and
-    the cache's `target_argmax`, (T,)) to the longest sequence, capped at max_length."""
+    """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each, their
+    float8 row scales `hidden_states.i.scale`, (T,), and the cache's `target_argmax`, (T,)) to
+    the longest sequence, capped at max_length."""
     length = min(max(len(e["input_ids"]) for e in batch), max_length)
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     loss_mask = torch.zeros(len(batch), length, dtype=torch.long)
     attention = torch.zeros(len(batch), length, dtype=torch.long)
     hidden_keys = [k for k in batch[0] if k.startswith("hidden_states.")]
-    hidden = {k: torch.zeros(len(batch), length, batch[0][k].shape[-1], dtype=batch[0][k].dtype)
+    hidden = {k: torch.zeros(len(batch), length, *batch[0][k].shape[1:], dtype=batch[0][k].dtype)
               for k in hidden_keys}
     for row, example in enumerate(batch):
         n = min(len(example["input_ids"]), length)
@@ -55,42 +108,69 @@ def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
 
 class ExampleBatches:
     """In-memory examples as the loop reads its data (the interface `CacheStream` shares):
-    a seeded held-out split, per-epoch shuffled batches split across processes by accelerate,
-    `batches_per_epoch`, `train_batches(epoch, skip)`, `eval_batches()`, `num_eval_batches()`
-    and `fingerprint()`.
+    a seeded held-out split, per-epoch batch plans whose global batch every process splits
+    (process r takes rows r, r + W, ...: a W-process run trains on the batches a one-process
+    run with W times the batch size does), `epoch_length(epoch)`, `train_batches(epoch, skip)`
+    (a DataLoader with `train.loader_workers`, pinned memory on CUDA), `eval_batches()`,
+    `num_eval_batches()` and `fingerprint()`.
 
     Raises:
         DraftsmithError: fewer training sequences than one global batch.
     """
 
     def __init__(self, examples: list[dict], cfg, accelerator):
+        from torch.utils.data import DataLoader
+
         from draftsmith.errors import DraftsmithError
         from draftsmith.train.resume import examples_record
 
         self.cfg, self.accelerator = cfg, accelerator
         self.record = examples_record(examples)
         self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed,
-                                                     cfg.eval_max_samples)
-        world = cfg.batch_size * accelerator.num_processes
-        if len(self.train_set) < world:
+                                                  cfg.eval_max_samples)
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.lengths = [min(len(e["input_ids"]), cfg.max_length) for e in self.train_set]
+        need = self.world if cfg.batching == "tokens" else cfg.batch_size * self.world
+        if len(self.train_set) < need:
             raise DraftsmithError(f"only {len(self.train_set)} training sequences for a global "
-                                  f"batch of {world}: add data or lower train.batch_size")
-        self.batches_per_epoch = len(self.train_set) // world
+                                  f"batch of {need}: add data or lower train.batch_size")
+        self.plan = functools.lru_cache(maxsize=2)(self._plan)
         # Each DataLoader gets its own generator: iterating one otherwise draws a seed from the
         # global RNG, so an evaluation or a resume mid-epoch would shift the training noise.
-        self.eval_loader = accelerator.prepare(self._loader(eval_set, drop_last=False))
+        self.eval_loader = accelerator.prepare(DataLoader(
+            eval_set, batch_size=cfg.batch_size, generator=torch.Generator(),
+            collate_fn=functools.partial(collate, max_length=cfg.max_length)))
 
-    def _loader(self, rows: list[dict], drop_last: bool):
+    def _plan(self, epoch: int) -> list[list[int]]:
+        """This process's batches of `epoch` (indices into the training set)."""
+        cfg, world = self.cfg, self.world
+        if cfg.batching == "tokens":
+            budget = cfg.token_budget * world
+            pool = POOL_BATCHES * max(1, budget // cfg.max_length)
+            rng = random.Random(f"{cfg.seed}:{epoch}:tokens")
+            return [b[self.rank::world] for b in token_batches(self.lengths, budget, pool, rng,
+                                                                 min_rows=world)]
+        order, rows = epoch_order(len(self.train_set), cfg.seed, epoch), cfg.batch_size
+        return [order[start + self.rank * rows: start + (self.rank + 1) * rows]
+                for start in range(0, len(order) - rows * world + 1, rows * world)]
+
+    def _loader(self, rows: list[dict], plan: list[list[int]], workers: int):
         from torch.utils.data import DataLoader
 
-        return DataLoader(rows, batch_size=self.cfg.batch_size, drop_last=drop_last,
-                          collate_fn=lambda b: collate(b, self.cfg.max_length),
-                          generator=torch.Generator())
+        return DataLoader(rows, batch_sampler=plan, num_workers=workers,
+                          collate_fn=functools.partial(collate, max_length=self.cfg.max_length),
+                          pin_memory=torch.cuda.is_available(),
+                          prefetch_factor=2 if workers else None, generator=torch.Generator())
 
-    def train_batches(self, epoch: int, skip: int = 0):
-        order = epoch_order(len(self.train_set), self.cfg.seed, epoch)
-        loader = self.accelerator.prepare(self._loader([self.train_set[i] for i in order], True))
-        return self.accelerator.skip_first_batches(loader, skip) if skip else loader
+    def epoch_length(self, epoch: int) -> int:
+        """Batches each process takes in `epoch` (the same on every process)."""
+        return len(self.plan(epoch))
+
+    def train_batches(self, epoch: int, skip: int = 0, *, float8: bool = False):
+        """This process's batches of `epoch` after the first `skip` (exact resume), on the CPU
+        (`float8` is the interface `CacheStream` shares: these batches hold none)."""
+        return iter(self._loader(self.train_set, self.plan(epoch)[skip:],
+                                 self.cfg.workers))
 
     def eval_batches(self):
         return self.eval_loader

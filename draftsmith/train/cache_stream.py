@@ -5,10 +5,11 @@ window, and resumes exactly from (epoch, batches done) without reading what it s
 The held-out set is a seeded hash of each sample's position in the data (`held_out`), the same on
 every rank and in every epoch. The shards are dealt to the ranks once (a seeded shuffle, then
 every W-th); in epoch e rank r reads its shards in an order seeded by (seed, e, r), `window`
-shards at a time, each window's samples in a seeded random order. Every rank stops an epoch
-after the same number of batches (the most the rank with the fewest samples fills), so DDP ranks
-stay in step. Only the manifest's counts are needed to plan all this;
-a sample's tensors are read from the memory-mapped shard when its batch is built.
+shards at a time, each window's samples in a seeded random order, batched as `train.batching`
+says (`tokens`: length-bucketed within the window, `train/batching.py`). Every rank stops an
+epoch after the same number of batches (the most the rank with the fewest fills), so DDP ranks
+stay in step. Only the shards' sample lengths are read to plan all this (at the start); a
+sample's tensors are read from the memory-mapped shard when its batch is built.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.errors import DraftsmithError
-from draftsmith.train.batching import collate
+from draftsmith.train.batching import POOL_BATCHES, collate, token_batches
 
 _MASK32 = 0xFFFFFFFF
 
@@ -53,6 +54,8 @@ class CacheStream:
         cache: the opened cache.
         keys, extras: hidden-state keys to read, and per-token extras where stored.
         batch_size, max_length: per-rank batch rows; tokens per row (longer samples are cut).
+        batching, batch_tokens: `tokens` (length-bucketed batches of batch_tokens padded tokens,
+            default batch_size x max_length) or `rows` (batch_size samples each).
         seed, eval_fraction: shuffling and the held-out share (at least one sample when > 0).
         max_held: at most this many held out, the first in data order (None = no cap).
         rank, world_size: this process among all.
@@ -64,8 +67,10 @@ class CacheStream:
 
     def __init__(self, cache: FeatureCache, keys: list[str], extras: tuple[str, ...], *,
                  batch_size: int, max_length: int, seed: int, eval_fraction: float, rank: int,
-                 world_size: int, window: int, max_held: int | None = None):
+                 world_size: int, window: int, max_held: int | None = None,
+                 batching: str = "tokens", batch_tokens: int | None = None):
         self.cache, self.keys, self.extras = cache, keys, extras
+        self.batching, self.token_budget = batching, batch_tokens or batch_size * max_length
         self.batch_size, self.max_length, self.seed = batch_size, max_length, seed
         self.rank, self.world_size, self.window = rank, world_size, window
         entries = sorted(cache.shards, key=lambda s: s["index"])
@@ -91,44 +96,86 @@ class CacheStream:
                 shard.held, left = keep, left - len(keep)
         self.num_train = sum(len(s.train) for s in self.shards)
         self.num_held_out = sum(len(s.held) for s in self.shards)
-        order = list(range(len(self.shards)))
-        random.Random(seed).shuffle(order)
-        self.mine = [self.shards[i] for i in order[rank::world_size]]  # this rank's, for good
-        counts = [sum(len(self.shards[i].train) for i in order[r::world_size])
+        self.order = list(range(len(self.shards)))
+        random.Random(seed).shuffle(self.order)
+        self.mine = [self.shards[i] for i in self.order[rank::world_size]]  # this rank's, for good
+        counts = [sum(len(self.shards[i].train) for i in self.order[r::world_size])
                   for r in range(world_size)]
-        if min(counts) < batch_size:
+        if min(counts) < (batch_size if batching == "rows" else 1):
             raise DraftsmithError(
                 f"the cache at {cache.folder} gives a training process only {min(counts)} "
                 f"sequences for a batch of {batch_size} ({self.num_train} in all over "
                 f"{world_size} process(es)): add data, lower train.batch_size, or use fewer "
                 "processes")
-        # every rank takes as many batches per epoch as the rank with the fewest samples can fill
-        self.batches_per_epoch = min(counts) // batch_size
+        self.rank_lengths = self._rank_lengths()
+        self._lengths = (-1, 0)  # (epoch, its length): the latest asked for
 
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's batches of `epoch` after the first `skip` (exact resume), on the CPU."""
-        shards = list(self.mine)
-        random.Random(f"{self.seed}:{epoch}:{self.rank}").shuffle(shards)
-        total, done, pending = self.batches_per_epoch, skip, []
-        if skip >= total:
-            return
-        to_skip = skip * self.batch_size
+    def _rank_lengths(self) -> list[list[list[int]]]:
+        """Per rank, per shard of it (`mine` order), each training sample's batched length."""
+        lengths = []
+        for shard in self.shards:
+            with self.cache.read_shard(shard.entry, []) as reader:
+                lengths.append([min(reader.lengths[i], self.max_length) for i in shard.train])
+        return [[lengths[i] for i in self.order[r::self.world_size]]
+                for r in range(self.world_size)]
+
+    def _shard_order(self, epoch: int, rank: int) -> list[int]:
+        """The order rank `rank` reads its shards in `epoch` (positions in its `mine`)."""
+        order = list(range(len(self.rank_lengths[rank])))
+        random.Random(f"{self.seed}:{epoch}:{rank}").shuffle(order)
+        return order
+
+    def _plan(self, epoch: int, rank: int) -> list[list[tuple[int, int, int]]]:
+        """Rank `rank`'s batches of `epoch`, each a list of (window, shard in window, index in
+        shard), windows in reading order. `rows`: batch_size samples each, a batch may span two
+        windows; `tokens`: length-bucketed within each window (`token_batches`)."""
+        shards = self._shard_order(epoch, rank)
+        batches, pending = [], []
         for w in range(0, len(shards), self.window):
             window = shards[w:w + self.window]
-            size = sum(len(s.train) for s in window)
-            if to_skip >= size:  # planned from the manifest: skipped without reading
-                to_skip -= size
+            order = [(w, k, i) for k, s in enumerate(window)
+                     for i in range(len(self.rank_lengths[rank][s]))]
+            random.Random(f"{self.seed}:{epoch}:{rank}:{w}").shuffle(order)
+            if self.batching == "rows":
+                for item in order:
+                    pending.append(item)
+                    if len(pending) == self.batch_size:
+                        batches.append(pending)
+                        pending = []
                 continue
-            order = [(k, i) for k, shard in enumerate(window) for i in shard.train]
-            random.Random(f"{self.seed}:{epoch}:{self.rank}:{w}").shuffle(order)
-            for sample in self._read(window, order[to_skip:]):
-                pending.append(sample)
-                if len(pending) == self.batch_size:
-                    yield collate(pending, self.max_length)
-                    pending, done = [], done + 1
-                    if done == total:
-                        return
-            to_skip = 0
+            lengths = [self.rank_lengths[rank][window[k]][i] for _, k, i in order]
+            pool = POOL_BATCHES * max(1, self.token_budget // self.max_length)
+            batches += [[order[j] for j in batch] for batch in token_batches(
+                lengths, self.token_budget, pool, random.Random(f"{self.seed}:{epoch}:{rank}:{w}"))]
+        return batches
+
+    def epoch_length(self, epoch: int) -> int:
+        """Batches every rank takes in `epoch`: the most the rank with the fewest fills, so DDP
+        ranks stay in step."""
+        if self._lengths[0] != epoch:
+            self._lengths = (epoch, min(len(self._plan(epoch, r)) for r in range(self.world_size)))
+        return self._lengths[1]
+
+    def train_batches(self, epoch: int, skip: int = 0, *, float8: bool = False
+                      ) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches of `epoch` after the first `skip` (exact resume), on the CPU;
+        `float8`: float8 rows stay float8 with their row scales (`hidden_states.i.scale`), for
+        dequantising on the device (`train/loader.py`)."""
+        plan = self._plan(epoch, self.rank)[skip:self.epoch_length(epoch)]
+        shards = [self.mine[j] for j in self._shard_order(epoch, self.rank)]
+        opened, readers = None, []
+        with ExitStack() as stack:
+            for batch in plan:
+                samples = []
+                for w, k, i in batch:
+                    if w != opened:  # windows come in order: the one before is done
+                        stack.close()
+                        readers = [stack.enter_context(self.cache.read_shard(
+                            s.entry, self.keys, self.extras)) for s in shards[w:w + self.window]]
+                        opened = w
+                    samples.append(readers[k].sample(shards[w + k].train[i],
+                                                     dequantize=not float8))
+                yield collate(samples, self.max_length)
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's share of the held-out samples (every W-th), in data order: the same

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import torch
 
 from draftsmith.data.shards import budget_line
+from draftsmith.errors import DraftsmithError
 from draftsmith.process_group import leave_process_group
 from draftsmith.target.precision import choose_mixed_precision
 from draftsmith.train.budget_clock import BudgetClock
@@ -25,7 +27,8 @@ from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.checkpoint import check_shared_output, save_drafter, save_state
 from draftsmith.train.divergence import check_loss, check_weights
 from draftsmith.train.evaluation import evaluate
-from draftsmith.train.metrics import MetricsLog
+from draftsmith.train.loader import device_batches
+from draftsmith.train.metrics import LogWindow, MetricsLog
 from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import finished_drafter, resume_run, scheduler_state
 from draftsmith.train.setup import TrainingSetup, build_training
@@ -123,26 +126,42 @@ class Trainer:
         # where the data stream is: batches done over all epochs (recorded since the cache stream)
         stream = progress.get("data_stream")
         self.micro_done = self.step * self.cfg.grad_accum if stream is None else \
-            stream["epoch"] * parts.data.batches_per_epoch + stream["batches_done"]
-        self.step_tokens = 0  # real (unpadded) tokens of this optimizer step on this process
-        self.padded_tokens = 0  # and with padding: what the step computes on (its cost)
+            sum(map(parts.data.epoch_length, range(stream["epoch"]))) + stream["batches_done"]
+        self.padded_tokens = 0  # tokens of this optimizer step with padding: its cost (host)
         self.paused = False  # an evaluation or a checkpoint ran since the last step
         self.last: tuple = ()  # the latest micro-step's (loss, metrics)
+        self.window = LogWindow(accelerator, self.step)
         self.progress = None
 
     def fit(self) -> None:
         """Optimizer steps until the schedule's total (which a budget may re-plan); a stop signal
         saves a checkpoint after the step in progress and ends the process (`_stop`)."""
         data, schedule = self.parts.data, self.parts.schedule
-        per_epoch = data.batches_per_epoch
         self.progress = _progress_bar(self.accelerator, schedule.total, self.step)
         with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
             while self.step < schedule.total:
-                epoch = self.micro_done // per_epoch
-                for batch in data.train_batches(epoch, self.micro_done - epoch * per_epoch):
-                    if self._micro_step(batch) and self._end_step(stop_request):
-                        break
+                epoch, skip = self._stream_position()
+                batches = data.train_batches(epoch, skip, float8=True)
+                with closing(device_batches(batches, self.accelerator.device)) as fed:
+                    for batch in fed:
+                        if self._micro_step(batch) and self._end_step(stop_request):
+                            break
         self.progress.close()
+
+    def _stream_position(self) -> tuple[int, int]:
+        """(epoch, batches done in it) of the data stream after `micro_done` batches.
+
+        Raises:
+            DraftsmithError: an epoch without a batch (too little data for the processes).
+        """
+        epoch, done = 0, self.micro_done
+        while done >= (length := self.parts.data.epoch_length(epoch)):
+            if length == 0:
+                raise DraftsmithError(f"epoch {epoch} has no batch for "
+                                      f"{self.accelerator.num_processes} process(es): add data or "
+                                      "use fewer processes")
+            epoch, done = epoch + 1, done - length
+        return epoch, done
 
     def finish(self) -> Path:
         """The final evaluation, then the drafter saved (with the budget's minutes spent)."""
@@ -165,9 +184,8 @@ class Trainer:
 
     def _micro_step(self, batch: dict) -> bool:
         """Forward, backward and (at the end of an accumulation) the optimizer's step on one
-        batch. Returns whether an optimizer step ended."""
+        batch (already on the device). Returns whether an optimizer step ended."""
         accelerator, model, cfg = self.accelerator, self.parts.model, self.cfg
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         with accelerator.accumulate(model):
             with accelerator.autocast():
                 loss, metrics = model(batch)
@@ -179,39 +197,55 @@ class Trainer:
                 self.parts.scheduler.step()
             self.parts.optimizer.zero_grad()
         self.micro_done += 1
-        self.step_tokens += int(batch["attention_mask"].sum())
+        self.window.add_tokens(batch["attention_mask"])
         self.padded_tokens += batch["input_ids"].numel()
         self.last = (loss, metrics)
         return accelerator.sync_gradients
 
     def _end_step(self, stop_request: StopRequest) -> bool:
-        """After an optimizer step: its row logged (loss and metrics over every process), the
-        budget's plan, an evaluation and a checkpoint when due, a stop when signalled. Returns
-        whether the run has reached its total."""
-        accelerator, schedule = self.accelerator, self.parts.schedule
+        """After an optimizer step: its loss and metrics added to the log window; the window's
+        row (its one read of the device) when due; the budget's plan; an evaluation and a
+        checkpoint when due, a stop when signalled. Returns whether the run has reached its
+        total."""
+        schedule = self.parts.schedule
         self.step += 1
-        loss, metrics = mean_over_processes(accelerator, *self.last)
-        # summed with this step's tokens: a stop requested on any process stops every one
-        counts = accelerator.reduce(torch.tensor(
-            [self.step_tokens, *stop_request.counts()], device=accelerator.device), "sum")
-        tokens, stop_code = int(counts[0]), stop_exit_code(*counts[1:].tolist())
-        self.step_tokens = 0
-        loss = float(loss)  # the step's one read of the loss (the same on every rank)
-        check_loss(loss, self.step, self.cfg, self.out_dir)
+        self.window.add_step(*self.last)
         clock = time.perf_counter() - self.start
-        self.log.write({"step": self.step, "loss": loss,
-                        "lr": self.parts.scheduler.get_last_lr()[0],
-                        **{k: float(v) for k, v in metrics.items()}, "tokens": tokens,
-                        "seconds": clock})
+        stop_code, logged = None, self._row_due(stop_request)
+        if logged:
+            stop_code = self._write_row(stop_request, clock)
         self.progress.update(1)
-        self.progress.set_postfix(loss=f"{loss:.3f}", acc0=f"{float(metrics['acc_0']):.2f}")
         final_steps = self.parts.data.num_eval_batches() / self.cfg.grad_accum  # <= a step each
         if self.budget.after_step(self.step, clock, self.padded_tokens, self.paused, final_steps):
             self.progress.total = schedule.total
             self.progress.refresh()
+        if not logged and self.step >= schedule.total:  # the budget made this step the last
+            stop_code = self._write_row(stop_request, clock)
         self.padded_tokens, self.paused = 0, False
         self._evaluate_or_save(clock, stop_code)
         return self.step >= schedule.total
+
+    def _row_due(self, stop_request: StopRequest) -> bool:
+        """A metrics row is written every `log_interval` steps, at the last step, before a
+        checkpoint (the loss is checked before anything is saved) and, with one process, at a
+        stop signal (several processes learn of one at a row: it is reduced there)."""
+        cfg, step = self.cfg, self.step
+        return (step % cfg.log_interval == 0 or step >= self.parts.schedule.total
+                or bool(cfg.save_every and step % cfg.save_every == 0)
+                or (self.accelerator.num_processes == 1 and stop_request.counts()[0] > 0))
+
+    def _write_row(self, stop_request: StopRequest, clock: float) -> int | None:
+        """The window's row: its means over steps and processes, read from the device once;
+        the loss checked for NaN. Returns the stop's exit code when some process was signalled."""
+        first = self.window.first_step
+        loss, metrics, tokens, stops = self.window.read(stop_request.counts())
+        check_loss(loss, self.step if first == self.step else f"{first}-{self.step}", self.cfg,
+                   self.out_dir)
+        self.log.write({"step": self.step, "loss": loss,
+                        "lr": self.parts.scheduler.get_last_lr()[0], **metrics,
+                        "tokens": tokens, "seconds": clock})
+        self.progress.set_postfix(loss=f"{loss:.3f}", acc0=f"{metrics.get('acc_0', 0.0):.2f}")
+        return stop_exit_code(*stops)
 
     def _evaluate_or_save(self, clock: float, stop_code: int | None) -> None:
         """The held-out evaluation every `train.eval_every` steps and a checkpoint every
@@ -235,28 +269,15 @@ class Trainer:
     def _save_checkpoint(self, clock: float) -> None:
         """Checkpoint `step_N`, once every weight is finite: the state, the schedule's total and
         position, the budget's state, the run's record and where the data stream is."""
-        parts, per_epoch = self.parts, self.parts.data.batches_per_epoch
+        parts = self.parts
         check_weights(self.accelerator, parts.model, self.step, self.cfg, self.out_dir)
-        stream = {"epoch": self.micro_done // per_epoch,
-                  "batches_done": self.micro_done % per_epoch}
+        epoch, done = self._stream_position()
+        stream = {"epoch": epoch, "batches_done": done}
         save_state(self.accelerator, self.out_dir, self.step,
                    {"total_steps": parts.schedule.total, **self.budget.state(clock),
                     "scheduler": scheduler_state(parts.scheduler), "run": parts.record,
                     "data_stream": stream},
                    keep=self.cfg.keep_checkpoints)
-
-
-def mean_over_processes(accelerator, loss: torch.Tensor, metrics: dict
-                        ) -> tuple[torch.Tensor, dict]:
-    """The step's loss and metrics averaged over processes (each computed its own batch's), so
-    the log shows the whole batch's: equal to one process's run on it when the processes' shares
-    weigh the same (equal trained-token counts)."""
-    names = sorted(metrics)
-    local = torch.stack([loss.detach().float().reshape(()), *(
-        torch.as_tensor(metrics[k], dtype=torch.float32, device=loss.device).reshape(())
-        for k in names)])
-    mean = accelerator.reduce(local, reduction="mean")
-    return mean[0], dict(zip(names, mean[1:], strict=True))
 
 
 def _stop(accelerator, progress, code: int, step: int, out_dir: Path) -> None:

@@ -31,7 +31,21 @@ class TrainSection:
             matrix weights, AdamW for norms, biases, embeddings and heads; see
             train/optimizers.py), both on the same schedule.
         muon_lr: Muon's peak learning rate; null = 10 x lr (speculators' default).
-        batch_size: sequences per process per micro-step.
+        batch_size: sequences per process per micro-step (`batching: rows`); with `batching:
+            tokens`, batch_size x max_length is each process's padded tokens per micro-step.
+        batching: `tokens` (length-bucketed batches of about `batch_tokens` padded tokens each,
+            any number of rows: padding 1.6% against 25% on the quickstart's data,
+            benchmarks/train_step/loop-throughput.md) or `rows` (batch_size sequences paired at
+            random, right-padded to the longest).
+        batch_tokens: `batching: tokens`: padded tokens per process per micro-step; null =
+            batch_size x max_length.
+        loader_workers: DataLoader worker processes collating in-memory examples (0: the main
+            process; a background thread reads the cache ahead either way); null = 0 on a CPU
+            (measured: workers compete with the step for 2 cores), 2 with CUDA.
+        log_interval: optimizer steps per metrics row: the loop reads the device once per row
+            (the loss, metrics and tokens of the steps since the last, reduced over processes
+            then) and checks the loss for NaN there and before every checkpoint; with several
+            processes a stop signal is also acted on at a row.
         grad_accum: micro-steps per optimizer step.
         max_steps: optimizer steps in total (with `max_minutes`, the most it may take).
         max_minutes: wall-clock budget of the training (from building the drafter to saving
@@ -86,6 +100,10 @@ class TrainSection:
     optimizer: str = "adamw"
     muon_lr: float | None = None
     batch_size: int = 4
+    batching: str = "tokens"
+    batch_tokens: int | None = None
+    loader_workers: int | None = None
+    log_interval: int = 1
     grad_accum: int = 1
     max_steps: int = 200
     max_minutes: float | None = None
@@ -109,7 +127,8 @@ class TrainSection:
     gradient_checkpointing: bool = False
 
     def __post_init__(self):
-        positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length", "cache_window")
+        positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length", "cache_window",
+                    "log_interval")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise DraftsmithError(f"train.{name}={getattr(self, name)} must be > 0")
@@ -129,6 +148,7 @@ class TrainSection:
         if not isinstance(self.gradient_checkpointing, bool):
             raise DraftsmithError(f"train.gradient_checkpointing={self.gradient_checkpointing!r}: "
                                   "use true or false")
+        self._check_batching()
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
         if self.mixed_precision not in MIXED_PRECISIONS:
@@ -150,6 +170,31 @@ class TrainSection:
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
             raise DraftsmithError(f"train.warmup_steps={self.warmup_steps} must be in "
                                   f"[0, max_steps={self.max_steps}]")
+
+    def _check_batching(self) -> None:
+        if self.batching not in ("tokens", "rows"):
+            raise DraftsmithError(f"train.batching={self.batching!r}: use tokens or rows")
+        if self.batch_tokens is not None and self.batch_tokens < self.max_length:
+            raise DraftsmithError(f"train.batch_tokens={self.batch_tokens} is below "
+                                  f"train.max_length={self.max_length}: a batch must hold one "
+                                  "sequence; raise it, or null for batch_size x max_length")
+        if self.loader_workers is not None and self.loader_workers < 0:
+            raise DraftsmithError(f"train.loader_workers={self.loader_workers} must be >= 0 "
+                                  "(or null to choose by device)")
+
+    @property
+    def token_budget(self) -> int:
+        """Padded tokens per process per micro-step under `batching: tokens`."""
+        return self.batch_tokens or self.batch_size * self.max_length
+
+    @property
+    def workers(self) -> int:
+        """DataLoader workers: the setting, or 0 on a CPU and 2 with CUDA."""
+        import torch
+
+        if self.loader_workers is not None:
+            return self.loader_workers
+        return 2 if torch.cuda.is_available() else 0
 
 
 @dataclass

@@ -204,7 +204,8 @@ def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStre
     return CacheStream(cache, [hidden_key(i) for i in indices], ("target_argmax",),
                        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,
                        eval_fraction=cfg.eval_fraction, rank=rank, world_size=world_size,
-                       window=cfg.cache_window, max_held=cfg.eval_max_samples)
+                       window=cfg.cache_window, max_held=cfg.eval_max_samples,
+                       batching=cfg.batching, batch_tokens=cfg.token_budget)
 
 
 def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:

@@ -48,12 +48,12 @@ def cache(tmp_path_factory):
 
 
 def stream(cache, rank=0, world_size=1, window=2, batch_size=3, eval_fraction=0.2,
-           max_held=None):
+           max_held=None, batching="rows", batch_tokens=None):
     return CacheStream(cache, [hidden_key(i) for i in cache.layers], ("target_argmax",),
                        batch_size=batch_size, max_length=64, seed=7,
                        eval_fraction=eval_fraction, rank=rank, world_size=world_size,
-                       max_held=max_held,
-                       window=window)
+                       max_held=max_held, window=window, batching=batching,
+                       batch_tokens=batch_tokens)
 
 
 def ids_of(batches):
@@ -67,10 +67,10 @@ def test_ranks_stream_disjoint_shards_and_share_the_held_out_set(cache):
     held = set(ids_of(one.eval_batches()))
     assert 0 < len(held) < 40 and one.num_held_out == len(held)
     seen = [ids_of(r.train_batches(0)) for r in ranks]
-    assert len(seen[0]) == len(seen[1]) == ranks[0].batches_per_epoch * 3  # ranks stay in step
+    assert len(seen[0]) == len(seen[1]) == ranks[0].epoch_length(0) * 3  # ranks stay in step
     assert not set(seen[0]) & set(seen[1]) and not (set(seen[0]) | set(seen[1])) & held
     everything = ids_of(one.train_batches(0))
-    assert len(set(everything)) == len(everything) == one.batches_per_epoch * 3
+    assert len(set(everything)) == len(everything) == one.epoch_length(0) * 3
     assert set(everything) <= set(range(40)) - held
     shares = [ids_of(r.eval_batches()) for r in ranks]
     # the same number of held-out samples per rank (each forward is a collective under a
@@ -80,6 +80,26 @@ def test_ranks_stream_disjoint_shards_and_share_the_held_out_set(cache):
     assert [len(list(r.eval_batches())) for r in ranks] == [r.num_eval_batches() for r in ranks]
     assert ids_of(one.train_batches(1)) != everything  # a new order each epoch
     assert ids_of(stream(cache).train_batches(0)) == everything  # the same for the same epoch
+
+
+def test_token_batches_hold_every_sample_within_the_budget_and_ranks_stay_in_step(cache):
+    one = stream(cache, batching="tokens", batch_tokens=64)
+    held = set(ids_of(one.eval_batches()))
+    batches = list(one.train_batches(0))
+    assert len(batches) == one.epoch_length(0)
+    everything = ids_of(batches)
+    assert sorted(everything) == sorted(set(range(40)) - held)  # each training sample once
+    assert all(b["input_ids"].numel() <= 64 or b["input_ids"].shape[0] == 1 for b in batches)
+    assert any(b["input_ids"].shape[0] > 4 for b in batches)  # short rows: more of them
+    assert ids_of(stream(cache, batching="tokens", batch_tokens=64).train_batches(0)) == \
+        everything and ids_of(one.train_batches(1)) != everything
+    ranks = [stream(cache, rank=r, world_size=2, batching="tokens", batch_tokens=64)
+             for r in range(2)]
+    lengths = [len(list(r.train_batches(0))) for r in ranks]
+    assert lengths[0] == lengths[1] == ranks[0].epoch_length(0) == ranks[1].epoch_length(0)
+    for skip in (0, 1, lengths[0]):
+        resumed = list(ranks[1].train_batches(0, skip))
+        assert ids_of(resumed) == ids_of(list(ranks[1].train_batches(0))[skip:])
 
 
 def test_resume_skips_batches_exactly_and_a_window_bounds_the_open_shards(cache, monkeypatch):
@@ -149,19 +169,20 @@ def test_a_killed_offline_run_resumes_to_the_same_weights(cache, tmp_path, monke
                                        "output_dir": str(tmp_path / name), **train}})
 
     def fresh_stream(r):
-        return stream(cache, window=r.train.cache_window, batch_size=r.train.batch_size)
+        return stream(cache, window=r.train.cache_window, batch_size=r.train.batch_size,
+                      batching=r.train.batching, batch_tokens=r.train.token_budget)
 
     straight_recipe = recipe("a")
     straight = run_training(straight_recipe, fresh_stream(straight_recipe), target=target)
     reset_accelerate()
-    # saved past the first epoch's 8 batches: the saved position is (epoch 1, batch 1)
+    # saved past the first epoch's batches: the saved position is in epoch 1
     killed = recipe("b", save_every=9)
     killed_at_step(monkeypatch, 10, run_training, killed, fresh_stream(killed), target=target)
     progress = json.loads((tmp_path / "b" / "checkpoints" / "step_9" / "progress.json")
                           .read_text())
-    per_epoch = fresh_stream(killed).batches_per_epoch
-    assert per_epoch < 9 and progress["data_stream"] == {"epoch": 9 // per_epoch,
-                                                         "batches_done": 9 % per_epoch}
+    lengths = [fresh_stream(killed).epoch_length(e) for e in range(2)]
+    assert lengths[0] < 9 < sum(lengths)
+    assert progress["data_stream"] == {"epoch": 1, "batches_done": 9 - lengths[0]}
     resumed = run_training(killed, fresh_stream(killed), target=target)
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     for key in a:
