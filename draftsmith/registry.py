@@ -215,7 +215,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             loss=lambda m, f: peagle_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
                                           f.aux_hidden, f),
             proposer="parallel",
-            tree_shapes=("chain", "dynamic"),
+            tree_shapes=("dynamic", "chain"),
             frozen_prefixes=("embed_tokens.",),
             uses_draft_vocab=True,
             custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import dflash, dspark, eagle1, eagle3, medusa, mtp
+from draftsmith.export import dflash, dspark, eagle1, eagle3, medusa, mtp, peagle
 from draftsmith.export.record import ExportFormat
 
 FORMATS: dict[str, ExportFormat] = {
@@ -51,12 +51,22 @@ FORMATS: dict[str, ExportFormat] = {
                      not_served_in={"vllm 0.32.0": "the CPU build runs model runner V1; vLLM "
                                     "implements DSpark only in its V2 GPU model runner "
                                     "(config/vllm.py refuses it: measured here)"}),
+        ExportFormat("peagle", "peagle",
+                     "P-EAGLE, vLLM's eagle3 layout with mask_hidden and the parallel-drafting "
+                     "keys (LlamaForCausalLMEagle3, served with parallel_drafting: true)",
+                     peagle.write_peagle, peagle.matches_peagle, peagle.read_peagle,
+                     peagle.peagle_config_keys, peagle.peagle_serving, engines=("vllm",)),
+        ExportFormat("peagle-speculators", "peagle",
+                     "P-EAGLE, vllm-project/speculators layout (PEagleSpeculator)",
+                     peagle.write_peagle_speculators, peagle.matches_peagle_speculators,
+                     peagle.read_peagle_speculators, peagle.peagle_speculators_config_keys,
+                     peagle.peagle_serving, library_name="speculators", engines=("vllm",)),
     )
 }
 
 # Detection order: the explicit markers first, the weight-name guess (EAGLE-1) last.
-DETECTION_ORDER = ("speculators", "dflash-speculators", "medusa", "mtp", "dspark", "dflash",
-                   "eagle3", "eagle")
+DETECTION_ORDER = ("speculators", "dflash-speculators", "peagle-speculators", "medusa", "mtp",
+                   "dspark", "dflash", "peagle", "eagle3", "eagle")
 
 
 def get_format(name: str) -> ExportFormat:
@@ -82,7 +92,8 @@ def detect_format(config: dict, names: set[str], where: str) -> ExportFormat:
             return FORMATS[name]
     raise DraftsmithError(
         f"{where}: cannot tell the checkpoint format from config.json and the weight names. "
-        "Recognised: speculators / dflash-speculators (speculators_model_type), medusa "
+        "Recognised: speculators / dflash-speculators / peagle-speculators "
+        "(speculators_model_type), peagle (an eagle3 layout with mask_hidden), medusa "
         "(medusa_num_heads), mtp (num_nextn_predict_layers or *.eh_proj.weight), dspark "
         "(Qwen3DSparkModel or markov_head.*), dflash (DFlashDraftModel), eagle3 "
         "(LlamaForCausalLMEagle3 or midlayer.*), eagle (fc.weight + layers.0.*)")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.models.dflash import resolve_mask_token
 from draftsmith.models.eagle3 import Eagle3Drafter, ttt_rows
 from draftsmith.models.layers import KV, TargetLogits, restrict_target_logits, shift_left
 from draftsmith.models.losses import (
@@ -47,8 +47,9 @@ class PEagleConfig:
         cod_ratio: COD sampling's r: depth d keeps a fraction max(r^d, cod_min_ratio) of the
             positions (speculators 0.7, SpecForge 0.8).
         cod_min_ratio: COD sampling's floor r_min (0.2 in both).
-        mask_token_id: the parallel slots' input token; None = the target's pad token, else its
-            eos token (SmolLM2 has no unused embedding row). Recorded once built.
+        mask_token_id: the parallel slots' input token; None = the target config's mask, eos or
+            pad token (`resolve_mask_token`, as DFlash; SmolLM2 has no unused embedding row, its
+            recipes use <empty_output>, 16). Recorded in the config once built.
         layer_ids: target layer outputs to fuse; None = `eagle3_layer_ids(N)`.
         fc_norm, norm_output: EAGLE-3.1's norms (see `Eagle3Config`).
         loss: per-depth loss against the target's distribution (see models/losses.py).
@@ -91,22 +92,6 @@ class PEagleConfig:
         return self.fc_norm or self.norm_output
 
 
-def default_mask_token(target_config) -> int:
-    """The target's pad token, else its eos token (the first of a list).
-
-    Raises:
-        DraftsmithError: the target names neither; set drafter.mask_token_id.
-    """
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(target_config, name, None)
-        value = value[0] if isinstance(value, list | tuple) and value else value
-        if isinstance(value, int):
-            return value
-    raise DraftsmithError("P-EAGLE needs a mask token for its parallel slots and the target "
-                          "config names no pad_token_id or eos_token_id; set "
-                          "drafter.mask_token_id to a token id the target rarely emits")
-
-
 class PEagleDrafter(Eagle3Drafter):
     """P-EAGLE drafter for a given target config: `Eagle3Drafter` plus `mask_hidden`.
 
@@ -118,11 +103,7 @@ class PEagleDrafter(Eagle3Drafter):
     kind = "peagle"
 
     def __init__(self, target_config, config: PEagleConfig):
-        token = config.mask_token_id
-        token = default_mask_token(target_config) if token is None else token
-        if token >= target_config.vocab_size:
-            raise DraftsmithError(f"drafter.mask_token_id={token} is outside the target's "
-                                  f"vocabulary (vocab_size={target_config.vocab_size})")
+        token = resolve_mask_token(target_config, config.mask_token_id)
         super().__init__(target_config, replace(config, mask_token_id=token))
         width = len(self.layer_ids) * self.layer_config.hidden_size
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, width) * 0.02)

@@ -40,14 +40,14 @@ def test_parts_are_eagle3_plus_mask_hidden():
     extra = set(module.state_dict()) - set(eagle3.state_dict())
     assert extra == {"mask_hidden"}
     assert module.mask_hidden.shape == (1, 1, 3 * target.config.hidden_size)
-    assert module.config.mask_token_id == target.config.pad_token_id  # recorded once built
+    assert module.config.mask_token_id == target.config.eos_token_id  # recorded once built
     assert module.proposals == 4
     assert build(target, mask_token_id=77).config.mask_token_id == 77
 
 
 def test_bad_settings_name_the_setting():
     target = tiny_target("llama")
-    with pytest.raises(DraftsmithError, match="mask_token_id=500 is outside"):
+    with pytest.raises(DraftsmithError, match="mask_token_id 500 is outside"):
         build(target, mask_token_id=500)
     for key, value in (("cod_ratio", 0.0), ("cod_min_ratio", 1.5), ("num_depths", 0)):
         with pytest.raises(DraftsmithError, match=key):
