@@ -10,11 +10,12 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from draftsmith.drafter_folder import LoadedDrafter
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import ExportOptions, export_drafter, load_exported
+from draftsmith.export.peagle import read_peagle
 from tests.helpers.export_helpers import (
     PROMPT,
     build_drafter,
@@ -85,11 +86,9 @@ def test_a_folder_without_mask_hidden_is_refused(tmp_path):
                          options=ExportOptions(skip_frozen=True))
     weights = load_file(out / "model.safetensors")
     weights.pop("mask_hidden")
-    from safetensors.torch import save_file
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     # without mask_hidden the folder is plain EAGLE-3's layout; as P-EAGLE it is refused
     assert load_exported(out, target).kind == "eagle3"
-    from draftsmith.export.peagle import read_peagle
     with pytest.raises(DraftsmithError, match="mask_hidden"):
         read_peagle(json.loads((out / "config.json").read_text()), weights, "x")
 
@@ -117,7 +116,7 @@ def test_vllm_maps_the_speculators_layout_to_parallel_drafting(tmp_path):
     require_vllm()
     from draftsmith.engines.vllm import engine_python
 
-    target, _, folder = checkpoint(tmp_path, settings=EAGLE31)
+    _, _, folder = checkpoint(tmp_path, settings=EAGLE31)
     out = export_drafter(folder, "peagle-speculators", tmp_path / "export")
     answer = subprocess.run([str(engine_python()), "-c", VLLM_CHECK, str(out)],
                             capture_output=True, text=True, timeout=300)
