@@ -17,6 +17,7 @@ from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.features import hidden_key
 from draftsmith.train.cache_stream import CacheStream, held_out
+from draftsmith.train.loader import to_device
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 from tests.helpers.state import killed_at_step, reset_accelerate
@@ -100,6 +101,19 @@ def test_token_batches_hold_every_sample_within_the_budget_and_ranks_stay_in_ste
     for skip in (0, 1, lengths[0]):
         resumed = list(ranks[1].train_batches(0, skip))
         assert ids_of(resumed) == ids_of(list(ranks[1].train_batches(0))[skip:])
+
+
+def test_float8_rows_reach_the_device_as_stored_and_are_dequantised_there(tmp_path):
+    samples = [RenderedSample(list(range(2, 2 + n)), [0] * 3 + [1] * (n - 3), str(n))
+               for n in (9, 12, 14, 10)]
+    build_feature_cache(tiny_target("llama"), Tokenizer(), samples, tmp_path, kinds=["eagle3"],
+                        dtype="float8_e4m3", shard_tokens=1000, progress=False)
+    s = stream(FeatureCache.open(tmp_path), batch_size=2, eval_fraction=0.0, window=1)
+    for host, raw in zip(s.train_batches(0), s.train_batches(0, float8=True), strict=True):
+        key = hidden_key(s.cache.layers[-1])
+        assert raw[key].dtype == torch.float8_e4m3fn and host[key].dtype == torch.bfloat16
+        fed = to_device(raw, torch.device("cpu"))
+        assert fed.keys() == host.keys() and all(torch.equal(fed[k], host[k]) for k in host)
 
 
 def test_resume_skips_batches_exactly_and_a_window_bounds_the_open_shards(cache, monkeypatch):
