@@ -13,6 +13,7 @@ training metadata and a model card with the llama-server command; it is written 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -54,6 +55,52 @@ def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
     return folder
 
 
+# the sizes a draft GGUF shares with its target: the drafter's width, the vocabulary the GGUF
+# carries (the target's tokenizer) and the layers its features are read from
+TARGET_SIZES = {"hidden_size": "hidden size", "vocab_size": "vocabulary",
+                "num_hidden_layers": "layers"}
+
+
+def target_sizes(config: dict) -> dict[str, int | None]:
+    """`TARGET_SIZES` of a transformers config (as a dict), read from its `text_config` where a
+    multimodal config keeps them there."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return {key: config.get(key, text.get(key)) for key in TARGET_SIZES}
+
+
+def check_target_sizes(meta: dict, hf_dir: Path) -> None:
+    """Refuse a target folder whose model differs in size from the one the drafter was trained
+    on (recorded as `target_config` in its metadata), before the converter runs.
+
+    Raises:
+        DraftsmithError: naming each size that differs, both values, and the folder to pass.
+    """
+    trained = meta.get("target_config")
+    if not isinstance(trained, dict):
+        return  # written before drafters recorded their target's config
+    try:
+        found = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DraftsmithError(f"{hf_dir / 'config.json'} is not readable JSON ({err}); pass "
+                              "--target-dir the Hugging Face folder of the drafter's target "
+                              f"({meta.get('target')})") from None
+    want = target_sizes(trained)
+    have = target_sizes(found if isinstance(found, dict) else {})
+    differ = [f"{TARGET_SIZES[key]} {_size(have[key])} there but {_size(want[key])} in the "
+              "drafter's target" for key in TARGET_SIZES
+              if want[key] is not None and have[key] != want[key]]
+    if differ:
+        raise DraftsmithError(
+            f"--target-dir {hf_dir} holds another model than the one the drafter was trained on "
+            f"({meta.get('target')}): {'; '.join(differ)}. The draft GGUF carries that folder's "
+            "vocabulary and reads that many layers of that width; pass --target-dir the Hugging "
+            f"Face folder of {meta.get('target')}, the drafter's own target")
+
+
+def _size(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else "unset"
+
+
 def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path | None = None,
                 options: ExportOptions | None = None, overwrite: bool = False,
                 target_dir: str | Path | None = None,
@@ -63,7 +110,8 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
 
     Raises:
         DraftsmithError: a drafter llama.cpp does not serve, an existing output, no target
-            folder, an unknown outtype, or the converter failing (its log's tail quoted).
+            folder or one of another model (`check_target_sizes`), an unknown outtype, or the
+            converter failing (its log's tail quoted).
     """
     from draftsmith.export.card import model_card, read_eval
     from draftsmith.export.folder_export import export_folder
@@ -98,6 +146,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
         check_base_model(options.base_model, ckpt, options.allow_base_model_mismatch)
     eval_payload = read_eval(eval_json, ckpt.meta) if eval_json else None
     hf_dir = target_hf_dir(ckpt.meta.get("target"), target_dir)
+    check_target_sizes(ckpt.meta, hf_dir)
     tmp = partial_folder(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
