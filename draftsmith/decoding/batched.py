@@ -100,50 +100,70 @@ def generate_batch(
               if row.tokens and row.tokens[-1] not in eos and len(row.tokens) < max_new_tokens]
     if len(active) < len(prompts) and active:
         runner.keep_rows(active)
-    now = clock(device)
-    batch.prefill_seconds = now - start
+    batch.prefill_seconds = clock(device) - start
 
     while active:
-        step_start = now
-        trees = [proposers[r].propose(roots[r], max_new_tokens - len(batch.rows[r].tokens) - 1)
-                 for r in active]
-        if not all(tree.is_chain for tree in trees):
-            raise DraftsmithError(f"{proposers[active[0]].name}: {TREES_AT_BATCH_1}")
-        width = max(tree.size for tree in trees)
-        tokens = torch.full((len(active), width), pad_token_id, dtype=torch.long, device=device)
-        for i, tree in enumerate(trees):
-            tokens[i, :tree.size] = tree.tokens.to(device)
-        drafted = clock(device)
-        block = runner.forward_chains(tokens)
-        outputs, verdicts = [], []
-        for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
-            outputs.append(runner.row_output(block, i, tree.size))
-            verdicts.append(verify(tree, outputs[-1].logits, sampling, generators[r]))
-        runner.commit([len(path) for path, _ in verdicts])
-        verified = clock(device)
-        for i, r in enumerate(active):
-            path, next_token = verdicts[i]
-            path_tokens = trees[i].tokens[path].tolist()
-            proposers[r].observe(path_tokens, outputs[i], path)
-            verdicts[i] = (path, [*path_tokens[1:], next_token])
-            roots[r] = next_token
-        now = clock(device)
-
-        still = []
-        for i, r in enumerate(active):
-            row = batch.rows[r]
-            path, new = verdicts[i]
-            emitted = emitted_tokens(new, max_new_tokens - len(row.tokens), eos)
-            row.add_step(emitted, len(path) - 1, trees[i].max_depth, now - step_start)
-            if emitted[-1] not in eos and len(row.tokens) < max_new_tokens:
-                still.append(i)
-        batch.steps += 1
-        batch.draft_seconds += (drafted - step_start) + (now - verified)
-        batch.verify_seconds += verified - drafted
-        if len(still) < len(active) and still:
-            runner.keep_rows(still)
-        active = [active[i] for i in still]
+        active = _batch_step(runner, proposers, active, roots, batch, _Rules(
+            sampling, generators, eos, max_new_tokens, pad_token_id))
     batch.total_seconds = clock(device) - start
     for row in batch.rows:
         row.prefill_seconds, row.total_seconds = batch.prefill_seconds, batch.total_seconds
     return batch
+
+
+@dataclass
+class _Rules:
+    """What every step of one `generate_batch` call follows."""
+
+    sampling: SamplingConfig
+    generators: list[torch.Generator]
+    eos: set[int]
+    max_new_tokens: int
+    pad_token_id: int
+
+
+def _batch_step(runner: BatchedLMRunner, proposers: list[Proposer], active: list[int],
+                roots: list[int], batch: BatchResult, rules: _Rules) -> list[int]:
+    """One draft-and-verify step of the `active` rows: each row's chain drafted, all verified in
+    one target forward, the accepted tokens emitted (`roots` and `batch` updated in place).
+    Returns the rows still generating."""
+    device = runner.device
+    step_start = clock(device)
+    trees = [proposers[r].propose(roots[r], rules.max_new_tokens - len(batch.rows[r].tokens) - 1)
+             for r in active]
+    if not all(tree.is_chain for tree in trees):
+        raise DraftsmithError(f"{proposers[active[0]].name}: {TREES_AT_BATCH_1}")
+    width = max(tree.size for tree in trees)
+    tokens = torch.full((len(active), width), rules.pad_token_id, dtype=torch.long, device=device)
+    for i, tree in enumerate(trees):
+        tokens[i, :tree.size] = tree.tokens.to(device)
+    drafted = clock(device)
+    block = runner.forward_chains(tokens)
+    outputs, verdicts = [], []
+    for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
+        outputs.append(runner.row_output(block, i, tree.size))
+        verdicts.append(verify(tree, outputs[-1].logits, rules.sampling, rules.generators[r]))
+    runner.commit([len(path) for path, _ in verdicts])
+    verified = clock(device)
+    for i, r in enumerate(active):
+        path, next_token = verdicts[i]
+        path_tokens = trees[i].tokens[path].tolist()
+        proposers[r].observe(path_tokens, outputs[i], path)
+        verdicts[i] = (path, [*path_tokens[1:], next_token])
+        roots[r] = next_token
+    now = clock(device)
+
+    still = []
+    for i, r in enumerate(active):
+        row = batch.rows[r]
+        path, new = verdicts[i]
+        emitted = emitted_tokens(new, rules.max_new_tokens - len(row.tokens), rules.eos)
+        row.add_step(emitted, len(path) - 1, trees[i].max_depth, now - step_start)
+        if emitted[-1] not in rules.eos and len(row.tokens) < rules.max_new_tokens:
+            still.append(i)
+    batch.steps += 1
+    batch.draft_seconds += (drafted - step_start) + (now - verified)
+    batch.verify_seconds += verified - drafted
+    if len(still) < len(active) and still:
+        runner.keep_rows(still)
+    return [active[i] for i in still]
