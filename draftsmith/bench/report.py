@@ -31,57 +31,64 @@ from draftsmith.bench.report_stats import (
     set_mean,
 )
 from draftsmith.eval.methods import Method
+from draftsmith.eval.results import (
+    BenchResults,
+    EvalResults,
+    Summary,
+    read_bench_results,
+    write_bench_results,
+)
 
 
-def _trees(bench: dict) -> str:
+def _trees(bench: BenchResults) -> str:
     """How the dynamic trees were shaped: fixed, or autotuned per method (from eval.json)."""
-    cfg = bench["config"]["eval"]
+    cfg = bench.config["eval"]
     if not cfg.get("autotune_tree"):
         return f"Dynamic trees: {cfg['tree']}."
-    picks = _tree_picks(bench, {f" (T={t})": payload for t, payload in bench["eval"].items()})
+    picks = _tree_picks(bench, {f" (T={t})": run for t, run in bench.eval.items()})
     return (f"Dynamic trees autotuned per method on this machine (top-{cfg['tree']['topk']}; a "
             f"block drafter's depth is its block length, its chain's too): {picks}.")
 
 
-def _tree_picks(bench: dict, payloads: dict) -> str:
-    """`method: depth D x N tokens` for each autotuned tree of the eval.json `payloads` (keyed by
+def _tree_picks(bench: BenchResults, runs: dict[str, EvalResults]) -> str:
+    """`method: depth D x N tokens` for each autotuned tree of the evaluation `runs` (keyed by
     a suffix naming the run, e.g. the temperature)."""
     names = method_names(bench)
     chosen = {}
-    for suffix, payload in payloads.items():
-        for method, b in (payload.get("tree_budgets") or {}).items():
+    for suffix, run in runs.items():
+        for method, b in run.tree_budgets.items():
             chosen.setdefault(names.get(method, method), []).append(
                 f"depth {b['depth']} x {b['total_tokens']} tokens{suffix}")
     return "; ".join(f"{m}: {', '.join(v)}" for m, v in chosen.items())
 
 
-def _eval_table(bench: dict, temperature: str) -> list[str]:
-    return method_table(bench, bench["eval"][temperature]["summary"], float(temperature) == 0)
+def _eval_table(bench: BenchResults, temperature: str) -> list[str]:
+    return method_table(bench, bench.eval[temperature].summary, float(temperature) == 0)
 
 
-def titled_passes(bench: dict) -> list[str]:
+def titled_passes(bench: BenchResults) -> list[str]:
     """Each pass with a `title`: its own method table (its speedups against its own plain runs)."""
     lines = []
-    specs = bench["config"]["eval"].get("passes") or {}
-    for name, result in (bench.get("passes") or {}).items():
+    specs = bench.config["eval"].get("passes") or {}
+    for name, result in bench.passes.items():
         title = (specs.get(name) or {}).get("title")
-        if not title or "summary" not in result:
+        if not title:
             continue
-        cfg = result.get("config") or {}
+        cfg = result.config
         sets = (specs.get(name) or {}).get("bench")
         lines += [f"### {title} (`{name}` run, greedy, "
                   + (f"prompts: {', '.join(sets)}, " if sets else "")
                   + f"{cfg.get('limit')} prompt(s) per set, "
                   f"{cfg.get('max_new_tokens')} new tokens per turn; speedups against this run's "
-                  "plain decoding)", "", *method_table(bench, result["summary"], True), "",
+                  "plain decoding)", "", *method_table(bench, result.summary, True), "",
                   *([f"Trees sized for this machine: {_tree_picks(bench, {'': result})}.", ""]
-                    if result.get("tree_budgets") else []),
-                  *([*lossless_line(result.get("lossless_check")), ""]
+                    if result.tree_budgets else []),
+                  *([*lossless_line(result.lossless_check), ""]
                     if cfg.get("check_lossless") else [])]
     return lines
 
 
-def method_table(bench: dict, summary: dict, greedy: bool) -> list[str]:
+def method_table(bench: BenchResults, summary: Summary, greedy: bool) -> list[str]:
     """Every method of one evaluation run: tau, acceptance, speed, draft-time share."""
     sets = [s for s in SETS_ORDER if s in summary] + \
         [s for s in summary if s not in SETS_ORDER and s != "all"]
@@ -122,24 +129,24 @@ def _own_data(records: dict) -> bool:
                 if (r.get("data") or {}).get("folder")}) > 1
 
 
-def _steps_note(bench: dict) -> str:
+def _steps_note(bench: BenchResults) -> str:
     """How the run's steps were set: by the training's own planner (`train.max_minutes`, records
     since it) or by a calibration's fixed count (older records)."""
-    if all("calibrated_seconds_per_step" in rec for rec in bench["training"].values()):
+    if all("calibrated_seconds_per_step" in rec for rec in bench.training.values()):
         return ("Steps = what each run's own planner (`train.max_minutes`) fitted in the budget "
                 "at the pace it measured; s/step = measured over the run")
     return "Steps = budget / the calibrated seconds per step"
 
 
-def _budgets(bench: dict) -> str:
+def _budgets(bench: BenchResults) -> str:
     """The drafters' wall-clock budgets: the benchmark's, or each one's where they differ."""
-    budgets = sorted({rec.get("budget_minutes", bench["config"]["budget_minutes"])
-                      for rec in bench["training"].values()} or {bench["config"]["budget_minutes"]})
+    budgets = sorted({rec.get("budget_minutes", bench.config["budget_minutes"])
+                      for rec in bench.training.values()} or {bench.config["budget_minutes"]})
     return " / ".join(f"{b:g}" for b in budgets)
 
 
-def _training_table(bench: dict) -> list[str]:
-    records = bench["training"]
+def _training_table(bench: BenchResults) -> list[str]:
+    records = bench.training
     own_data = _own_data(records)  # then the conversations each trained on
     seen_only = not own_data and any(r.get("tokens_seen") for r in records.values())
     lines = ["| drafter | kind | trained params | features | "
@@ -169,22 +176,21 @@ def _training_table(bench: dict) -> list[str]:
     return lines
 
 
-def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str]:
-    """The markdown of one target; copies its eval.json files next to the plots."""
-    cfg = bench["config"]
-    any_eval = next(iter(bench["eval"].values()), {})
-    data = bench.get("data") or {}
+def target_section(bench: BenchResults, folder: Path, overhead: dict | None) -> list[str]:
+    """The markdown of one target."""
+    cfg = bench.config
+    first = next(iter(bench.eval.values()), None)
+    data = bench.data or {}
     rendering = data.get("rendering") or {}
     cache = data.get("cache") or {}
     regenerated = bool((data.get("data") or {}).get("regenerate"))
     name = bench_name(cfg)
     shared = ("**Data** (shared by the drafters without data of their own, whose conversations "
-              "the training table lists): " if _own_data(bench["training"]) else
+              "the training table lists): " if _own_data(bench.training) else
               "**Data** (shared by every drafter): ")
     lines = [f"## {cfg['target']}" + (f" ({name})" if name != cfg["target"] else ""), "",
-             f"Measured on {any_eval.get('hardware', '?')}, {any_eval.get('date', '?')}, commit "
-             f"`{any_eval.get('commit', '?')}`, torch {any_eval.get('torch', '?')}; "
-             f"{(any_eval.get('machine') or {}).get('dtype') or cfg['dtype']}, "
+             f"Measured on {_measured(first)}; "
+             f"{(first.machine.get('dtype') if first else None) or cfg['dtype']}, "
              f"batch 1. Config: `{cfg['path']}`. Raw results: `{folder}/`.", "",
              shared + f"{_fmt(rendering.get('rendered'), ',')} conversations, "
              f"{_fmt(rendering.get('tokens'), ',')} tokens, {_fmt(rendering.get('masked_tokens'), ',')} "
@@ -205,10 +211,10 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
              "of its training processes (loading included); held-out evaluations and any other "
              "load on the machine count. Held-out accuracy: top-1 agreement with the target at each draft "
              "position on conversations no drafter trained on.", ""]
-    for t in bench["eval"]:
+    for t, run in bench.eval.items():
         title = "Greedy (temperature 0)" if float(t) == 0 else f"Sampling (temperature {t})"
         lines += [f"### {title}: means over the prompt sets", "", *_eval_table(bench, t), ""]
-        lines += [*lossless_line(bench["eval"][t].get("lossless_check")), ""]
+        lines += [*lossless_line(run.lossless_check), ""]
     bar_lines, missed = bars(bench)
     lines += ["### Bars (greedy)", "", *bar_lines, ""]
     if missed:
@@ -228,6 +234,13 @@ def target_section(bench: dict, folder: Path, overhead: dict | None) -> list[str
         if (folder / f"{name}.png").is_file():
             lines.append(f"![{name}]({folder}/{name}.png)")
     return [*lines, ""]
+
+
+def _measured(run: EvalResults | None) -> str:
+    """Where, when and at which commit an evaluation ran: `HARDWARE, DATE, commit C, torch V`."""
+    if run is None:
+        return "?, ?, commit `?`, torch ?"
+    return f"{run.hardware}, {run.date}, commit `{run.commit or '?'}`, torch {run.torch}"
 
 
 def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this machine"
@@ -254,30 +267,29 @@ def verify_cost_section(machine_path: Path, heading: str = "Verify cost on this 
             *([f"![verify cost]({plot})", ""] if plot.is_file() else [])]
 
 
-def summary_section(benches: list[dict]) -> list[str]:
+def summary_section(benches: list[BenchResults | dict]) -> list[str]:
     """BENCHMARKS.md's first table: for each target and drafter kind (alone, and with prompt
     lookup as the hybrid), the greedy method with the best speedup across every run, its tau,
     its speedup over prompt lookup's in the same run, the machine and date, and a link to its
-    run's section. Speedups are the set means the run tables print."""
+    run's section. Speedups are the set means the run tables print. `benches`: BenchResults, or
+    bench.json payloads (read through `BenchResults.coerce`)."""
     from draftsmith.registry import DRAFTERS
 
     best: dict[tuple[str, str], tuple[float, list[str]]] = {}
-    for bench in benches:
-        cfg = bench["config"]
-        greedy = next((t for t in bench.get("eval") or {} if float(t) == 0), None)
-        if greedy is None:
+    for bench in map(BenchResults.coerce, benches):
+        cfg, run = bench.config, bench.greedy
+        if run is None:
             continue
-        run = bench["eval"][greedy]
-        summary, names = run["summary"], method_names(bench)
+        summary, names = run.summary, method_names(bench)
         lookup = set_mean(summary, "prompt_lookup", "speedup")
         heading = cfg["target"] + (f" ({bench_name(cfg)})" if bench_name(cfg) != cfg["target"]
                                    else "")
         anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
-        machine = f"{run.get('hardware', '?').split(' (')[0].replace('(R)', '')}, " \
-                  f"{(run.get('machine') or {}).get('dtype') or cfg.get('dtype', '?')}"
+        machine = f"{run.hardware.split(' (')[0].replace('(R)', '')}, " \
+                  f"{run.machine.get('dtype') or cfg.get('dtype', '?')}"
         for method in summary.get("all", {}):
             parsed = Method.parse(method)
-            kind = ((bench.get("training") or {}).get(parsed.label) or {}).get("kind")
+            kind = (bench.training.get(parsed.label) or {}).get("kind")
             speedup = set_mean(summary, method, "speedup")
             if kind not in DRAFTERS or speedup is None:
                 continue
@@ -289,7 +301,7 @@ def summary_section(benches: list[dict]) -> list[str]:
                 f"`{cfg['target']}`", drafter, names.get(method, method),
                 _fmt(set_mean(summary, method, "tau")), f"**{_fmt(speedup)}x**",
                 f"{_fmt(speedup / lookup)}x" if lookup else "–", machine,
-                str(run.get("date", "?"))[:10], f"[{heading}](#{anchor})"])
+                run.date[:10], f"[{heading}](#{anchor})"])
     if not best:
         return []
     return ["## Summary: the best of each kind across runs", "",
@@ -325,25 +337,27 @@ def target_slug(target: str) -> str:
 
 
 def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:
-    """The committed results (`benchmarks/NAME/bench.json`) of benchmarks this run did not
-    measure (`measured`: their names), so that BENCHMARKS.md keeps every one when one is run on
-    its own."""
+    """The committed results (`benchmarks/NAME/bench.json`, read by `read_bench_results`, which
+    refuses a damaged one) of benchmarks this run did not measure (`measured`: their names), so
+    BENCHMARKS.md keeps every one; handed on as payloads, as `draftsmith bench` holds its own."""
     kept = []
     for path in sorted(root.glob("*/bench.json")):
-        bench = json.loads(path.read_text())
-        name = bench_name(bench.get("config", {})) if bench.get("config") else None
+        bench = read_bench_results(path)
+        name = bench_name(bench.config) if bench.config else None
         if name == path.parent.name and name not in measured:
-            kept.append((bench, None))
+            kept.append((bench.to_dict(), None))
     return kept
 
 
-def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhead_path: Path,
-                     preamble: list[str], machine_path: Path | None = None,
+def write_benchmarks(benches: list[tuple[BenchResults | dict, Path | None]], path: Path,
+                     overhead_path: Path, preamble: list[str], machine_path: Path | None = None,
                      other_machines: tuple[Path, ...] = ()) -> Path:
-    """BENCHMARKS.md from (bench.json payload, its run folder or None for results kept from an
-    earlier run) pairs; the verify-cost curve of the
-    machine they ran on heads it, and those of `other_machines` (earlier machines' curves, kept
-    for comparison) close it."""
+    """BENCHMARKS.md from (BenchResults or bench.json payload, its run folder or None for results
+    kept from an earlier run) pairs; the verify-cost curve of the machine they ran on heads it,
+    and those of `other_machines` (earlier machines' curves, kept for comparison) close it. Each
+    measured run's bench.json and raw eval.json files are copied next to its plots (a payload
+    that is no bench.json is refused: `BenchResults.coerce`)."""
+    benches = [(BenchResults.coerce(bench), run_dir) for bench, run_dir in benches]
     overhead = json.loads(overhead_path.read_text()) if overhead_path.is_file() else None
     lines = ["# Benchmarks", "", "Generated by `scripts/bench.sh` (`draftsmith bench`); do not edit by "
              "hand. tau = tokens per target forward (bonus token included); speedup = tokens/s "
@@ -356,26 +370,25 @@ def write_benchmarks(benches: list[tuple[dict, Path | None]], path: Path, overhe
     if machine_path is not None:
         lines += verify_cost_section(machine_path)
     for bench, run_dir in benches:
-        folder = Path("benchmarks") / bench_name(bench["config"])
+        folder = Path("benchmarks") / bench_name(bench.config)
         if run_dir is None:  # kept from an earlier run: its files are already in `folder`
             section = target_section(bench, folder, overhead)
-            note = KEPT_NOTE.format(config=bench["config"].get("path", "its config"))
+            note = KEPT_NOTE.format(config=bench.config.get("path", "its config"))
             lines += [*section[:4], note, "", *section[4:]]  # after the heading and the line
             continue                                       # naming machine, date and commit
         write_plots(bench, folder)
         for old in [*folder.glob("eval_*.json"), *folder.glob("serve_check_*.json")]:
             old.unlink()  # a temperature or pass this run did not measure
-        raw = {f"eval_t{t}.json": run_dir / f"eval_t{t}" / "eval.json" for t in bench["eval"]}
+        raw = {f"eval_t{t}.json": run_dir / f"eval_t{t}" / "eval.json" for t in bench.eval}
         raw.update({f"eval_{name}.json": run_dir / f"eval_{name}" / "eval.json"
-                    for name in bench.get("passes") or {}})
+                    for name in bench.passes})
         raw.update({f"serve_check_{drafter}_{engine}.json":
                     engine_folder(run_dir, engine, drafter) / "serve_check.json"
-                    for drafter, engine in (name.split(" in ", 1)
-                                            for name in bench.get("engines") or {})})
+                    for drafter, engine in (name.split(" in ", 1) for name in bench.engines)})
         for name, src in raw.items():
             if src.is_file():
                 shutil.copyfile(src, folder / name)
-        (folder / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
+        write_bench_results(folder / "bench.json", bench, indent=1)
         lines += target_section(bench, folder, overhead)
     for other in other_machines:
         lines += verify_cost_section(other, "Verify cost on another machine: {hardware}")

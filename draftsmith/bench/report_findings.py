@@ -13,14 +13,15 @@ from draftsmith.bench.report_stats import (
     step_ms,
 )
 from draftsmith.eval.methods import Method
+from draftsmith.eval.results import BenchResults
 
 
-def bars(bench: dict) -> tuple[list[str], list[str]]:
+def bars(bench: BenchResults) -> tuple[list[str], list[str]]:
     """The bar table, and one line per missed bar saying by how much."""
-    cfg = bench["config"]
-    summary = bench["eval"].get("0", {}).get("summary")
-    if summary is None:
+    cfg = bench.config
+    if bench.greedy is None:
         return ["(no greedy evaluation yet)"], []
+    summary = bench.greedy.summary
     names = method_names(bench)
     lines = ["| bar | required | measured | |", "|---|---|---|---|"]
     missed = []
@@ -66,11 +67,11 @@ def bars(bench: dict) -> tuple[list[str], list[str]]:
     return lines, missed
 
 
-def compared_pairs(bench: dict) -> list[tuple[str, str]]:
+def compared_pairs(bench: BenchResults) -> list[tuple[str, str]]:
     """The (method, other) speedup comparisons the bars make: each hybrid and the best trained
     drafter against prompt lookup (and the draft model), and each `relative_bars` speedup bar."""
-    cfg = bench["config"]
-    summary = bench["eval"].get("0", {}).get("summary") or {}
+    cfg = bench.config
+    summary = bench.greedy.summary if bench.greedy else {}
     methods = list(summary.get("all", {}))
     pairs = []
     if cfg.get("speedup_bar"):
@@ -84,10 +85,10 @@ def compared_pairs(bench: dict) -> list[tuple[str, str]]:
     return list(dict.fromkeys(pairs))
 
 
-def paired_differences(bench: dict) -> list[str]:
+def paired_differences(bench: BenchResults) -> list[str]:
     """One line per compared pair: the speedup difference on the same prompts with its 95%
     bootstrap interval, and whether the prompt sample alone could explain it."""
-    per_prompt = bench["eval"].get("0", {}).get("per_prompt")
+    per_prompt = bench.greedy.per_prompt if bench.greedy else None
     if not per_prompt:
         return []
     names = method_names(bench)
@@ -130,11 +131,11 @@ def _relative_bar(summary: dict, names: dict, bar: dict) -> tuple[str, str | Non
     return line, miss
 
 
-def ordering(bench: dict) -> list[str]:
+def ordering(bench: BenchResults) -> list[str]:
     """The measured tau order of `expected_order` against the literature's, with each inversion
     and the training facts behind the two drafters involved."""
-    order = bench["config"].get("expected_order") or []
-    summary = bench["eval"].get("0", {}).get("summary")
+    order = bench.config.get("expected_order") or []
+    summary = bench.greedy.summary if bench.greedy else None
     if not order or not summary:
         return []
     names = method_names(bench)
@@ -142,9 +143,7 @@ def ordering(bench: dict) -> list[str]:
     measured = sorted(tau, key=lambda m: -(tau[m] or 0))
     lines = ["Literature order: " + " > ".join(names.get(m, m) for m in order) + ". Measured: "
              + " > ".join(f"{names.get(m, m)} ({_fmt(tau[m])})" for m in measured) + "."]
-    facts = bench.get("training", {})
-
-    trees = bench["eval"]["0"].get("tree_budgets") or {}
+    facts, trees = bench.training, bench.greedy.tree_budgets
 
     def why(method: str) -> str:
         rec = facts.get(Method.parse(method).label)
@@ -156,7 +155,7 @@ def ordering(bench: dict) -> list[str]:
                      f"{trees[method]['total_tokens']} tokens")
         else:
             shape = {"drafter_static": "13-node static tree",
-                     "drafter_chain": f"{bench['config']['eval']['num_draft_tokens']}-token chain"
+                     "drafter_chain": f"{bench.config['eval']['num_draft_tokens']}-token chain"
                      }.get(Method.parse(method).base, "its default tree")
         return (f"{names.get(method, method)}: {rec['steps']} steps at "
                 f"{rec['seconds_per_step']:.2f} s/step, held-out acc@1 {_fmt(held.get('acc_0'))}, "
@@ -175,12 +174,12 @@ def ordering(bench: dict) -> list[str]:
     return lines
 
 
-def limits(bench: dict, overhead: dict | None) -> list[str]:
+def limits(bench: BenchResults, overhead: dict | None) -> list[str]:
     """What the measurements say limits each drafter: training curve, drafting cost, loop."""
-    summary = bench["eval"].get("0", {}).get("summary")
+    summary = bench.greedy.summary if bench.greedy else None
     names = method_names(bench)
     lines = []
-    for label, curve in bench.get("curves", {}).items():
+    for label, curve in bench.curves.items():
         points = [(r["step"], r.get("eval/acc_0")) for r in curve if r.get("eval/acc_0") is not None]
         if len(points) >= 2:
             # the evaluation nearest the middle of the run against the final one

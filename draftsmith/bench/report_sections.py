@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from draftsmith.eval.results import BenchResults
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import near_tie_note
 
@@ -70,47 +71,47 @@ def regenerated_line(data: dict) -> str:
             f"{len(regen.get('failed') or [])} failed, {fmt(regen.get('skipped'), ',')} skipped)")
 
 
-def passes_section(bench: dict, folder: Path) -> list[str]:
+def passes_section(bench: BenchResults, folder: Path) -> list[str]:
     """The extra greedy runs: the batch-size curve (table and plot) and the quantized-target
     rows, each measured in one run on the same prompts as the main table."""
     from draftsmith.eval.report import format_batch_table, format_variant_table, write_batch_plot
 
     lines = []
-    for name, result in (bench.get("passes") or {}).items():
-        cfg = result.get("config") or {}
+    for name, result in bench.passes.items():
+        cfg = result.config
         size = (f"{cfg.get('limit')} prompt(s) per set, {cfg.get('max_new_tokens')} new tokens "
                 "per turn")
-        if result.get("batch_sizes"):
-            plot = write_batch_plot(result["batch_sizes"], folder)
-            skipped = result.get("batch_skipped") or {}
+        if result.batch_sizes:
+            plot = write_batch_plot(result.batch_sizes, folder)
+            skipped = result.batch_skipped
             lines += [f"### Batch sizes (`{name}` run, greedy, {size}): speedup over plain "
-                      "decoding at the same batch size", "", "```", format_batch_table(result["batch_sizes"]),
+                      "decoding at the same batch size", "", "```", format_batch_table(result.batch_sizes),
                       "```", "", *([f"Skipped above batch 1: {', '.join(skipped)}.", ""]
                                    if skipped else []),
-                      *lossless_line(result.get("lossless_check")), "", f"![batch]({plot})", ""]
-        check = result.get("lossless_check") or {}
-        if check and cfg.get("check_lossless") and not result.get("batch_sizes"):
-            sets = [s for s in result.get("summary") or {} if s != "all"]
+                      *lossless_line(result.lossless_check), "", f"![batch]({plot})", ""]
+        check = result.lossless_check
+        if check and cfg.get("check_lossless") and not result.batch_sizes:
+            sets = [s for s in result.summary if s != "all"]
             lines += [f"### Lossless gate (`{name}` run, greedy, float32): {cfg.get('limit')} "
                       f"prompt(s) per set of {', '.join(sets)} (MT-bench: both turns), "
                       f"{cfg.get('max_new_tokens')} new tokens per turn", "",
                       *lossless_line(check), ""]
-        if len(result.get("target_variants") or {}) > 1:  # a quantized copy beside `none`
-            dtype = (result.get("machine") or {}).get("dtype")
+        if len(result.target_variants) > 1:  # a quantized copy beside `none`
+            dtype = result.machine.get("dtype")
             lines += [f"### Quantized target (`{name}` run, greedy, {size}"
                       + (f", base {dtype}" if dtype else "") + "): the same drafters verified by a "
                       "quantized copy of the target", "", "```",
-                      format_variant_table(result["target_variants"]), "```", "",
+                      format_variant_table(result.target_variants), "```", "",
                       *variant_divergence(check), ""]
     return lines
 
 
-def engine_section(bench: dict) -> list[str]:
+def engine_section(bench: BenchResults) -> list[str]:
     """The engine checks: each exported drafter in each serving engine next to draftsmith's loop
     (same prompts, same drafter, same chain length), from each `serve_check.json`, with the
     engine's speed per draft GGUF type where several ran."""
     lines = []
-    for name, check in (bench.get("engines") or {}).items():
+    for name, check in bench.engines.items():
         lines += _engine_table(name, check)
     return lines
 

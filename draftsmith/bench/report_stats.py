@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from draftsmith.eval.methods import Method
+from draftsmith.eval.results import BenchResults
 
 SETS_ORDER = ("mt_bench", "humaneval", "gsm8k")
 
@@ -37,11 +38,11 @@ def step_ms(row: dict) -> float:
     return 1e3 * row["seconds"] * (1 - row["time_split"]["prefill"]) / max(rounds, 1e-9)
 
 
-def method_names(bench: dict) -> dict:
+def method_names(bench: BenchResults) -> dict:
     """Each method's display name: the config's, plain decoding's own, and for a pass's method
     the config has no name for, the name of the same method with another drafter of that kind
     plus this drafter's label (`DFlash (block chain) [dflash8k]`)."""
-    cfg = bench["config"]
+    cfg = bench.config
     names = {"plain": "plain decoding", **cfg["eval"]["methods"]}
     kinds = {k["label"]: (k.get("drafter") or {}).get("kind") or _recipe_kind(k.get("recipe"))
              for k in cfg.get("kinds") or []}

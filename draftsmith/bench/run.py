@@ -35,6 +35,12 @@ from draftsmith.bench.train_pace import (
 from draftsmith.bench.train_process import run_training_process
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import Method
+from draftsmith.eval.results import (
+    BenchResults,
+    EvalResults,
+    read_eval_results,
+    write_bench_results,
+)
 from draftsmith.files import write_json
 from draftsmith.train.budget import steps_for_budget
 from draftsmith.train.metrics import metrics_rows
@@ -233,16 +239,15 @@ def _data_record(folder: Path) -> dict:
             "cached": (summary.get("cache") or {}).get("samples")}
 
 
-def evaluate(config: BenchConfig, temperature: float, log=print) -> dict:
+def evaluate(config: BenchConfig, temperature: float, log=print) -> EvalResults:
     """All methods side by side at one temperature (skipped when its eval.json exists)."""
-
     ev = config.eval
-    return run_eval_stage(config, Path(config.out_dir) / f"eval_t{temperature:g}", tuple(ev.methods),
-                     log, temperature=temperature,
-                     check_lossless=ev.check_lossless and temperature == 0)
+    return run_eval_stage(config, Path(config.out_dir) / f"eval_t{temperature:g}",
+                          tuple(ev.methods), log, temperature=temperature,
+                          check_lossless=ev.check_lossless and temperature == 0)
 
 
-def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
+def evaluate_pass(config: BenchConfig, name: str, log=print) -> EvalResults:
     """One of `eval.passes` (greedy), e.g. the batch-size curve, the quantized target or other
     prompt sets (`bench`: the long documents of `sharegpt_long`)."""
     spec = config.eval.passes[name]
@@ -252,24 +257,25 @@ def evaluate_pass(config: BenchConfig, name: str, log=print) -> dict:
         extra["autotune_tree"] = spec["autotune_tree"]
     if spec.get("check_lossless"):  # a gate, not a timing: trees as configured, not autotuned
         extra.update(check_lossless=True, autotune_tree=False)
-    return run_eval_stage(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]), log,
-                     temperature=0.0, **extra)
+    return run_eval_stage(config, Path(config.out_dir) / f"eval_{name}", tuple(spec["methods"]),
+                          log, temperature=0.0, **extra)
 
 
 def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log, *,
-              temperature: float, **fields) -> dict:
+                   temperature: float, **fields) -> EvalResults:
     """One evaluation run into `out` (skipped when its eval.json holds these methods; run again
     when the config's methods changed since); `fields` override the eval section's settings
     (limit, max_new_tokens, autotune_tree, ...)."""
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
 
-    if (out / "eval.json").is_file():
-        done = json.loads((out / "eval.json").read_text())
-        then = (done.get("config") or {}).get("methods")
+    path = out / "eval.json"
+    if path.is_file():
+        done = read_eval_results(path)
+        then = done.config.get("methods")
         if then is None or list(then) == ["plain", *methods]:
             return done
-        log(f"{out / 'eval.json'} evaluated {', '.join(then)}; the config now asks for "
+        log(f"{path} evaluated {', '.join(then)}; the config now asks for "
             f"{', '.join(['plain', *methods])}: evaluating them all again, side by side")
     ev = config.eval
     drafters = tuple((k.label, str(Path(config.out_dir) / "train" / k.label / "drafter"))
@@ -287,7 +293,8 @@ def run_eval_stage(config: BenchConfig, out: Path, methods: tuple[str, ...], log
         temperature=temperature, target=target.name, draft_model=ev.draft_model,
         drafters=tuple(d for d in drafters if d[0] in used), dtype=target.dtype,
         methods=("plain", *methods), out_dir=str(out), **settings)
-    return run_eval(eval_config, log=log)
+    run_eval(eval_config, log=log)
+    return read_eval_results(path)
 
 
 def check_eval_prompts_early(config: BenchConfig) -> None:
@@ -336,32 +343,30 @@ def run_bench(config: BenchConfig,
         if "eval" in stages:
             evals[f"{temperature:g}"] = evaluate(config, temperature, log)
         elif (out / f"eval_t{temperature:g}" / "eval.json").is_file():
-            evals[f"{temperature:g}"] = json.loads(
-                (out / f"eval_t{temperature:g}" / "eval.json").read_text())
+            evals[f"{temperature:g}"] = read_eval_results(
+                out / f"eval_t{temperature:g}" / "eval.json")
     passes = {}
     for name in config.eval.passes:
         if "eval" in stages:
             passes[name] = evaluate_pass(config, name, log)
         elif (out / f"eval_{name}" / "eval.json").is_file():
-            passes[name] = json.loads((out / f"eval_{name}" / "eval.json").read_text())
+            passes[name] = read_eval_results(out / f"eval_{name}" / "eval.json")
     engines = engine_check(config, log) if "engine" in stages else read_engine_checks(config)
     data_summary = out / "data" / "summary.json"
-    payload = {
-        "config": {**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds],
-                   "eval": config.eval.record()},
-        "data": json.loads(data_summary.read_text()) if data_summary.is_file() else None,
-        "training": records,
-        "curves": {label: [r for r in _metrics(out / "train" / label)
-                           if any(k.startswith("eval/") for k in r)] for label in records},
-        "eval": {t: {**{k: v for k, v in e.items() if k != "records"},
-                     "per_prompt": per_prompt_timings(e.get("records") or [])}
-                 for t, e in evals.items()},
-        "passes": {n: {k: v for k, v in e.items() if k not in ("records", "batch_records")}
-                   for n, e in passes.items()},
-        "engines": {name: {k: v for k, v in check.items() if k != "records"}
-                    for name, check in engines.items()},
-    }
-    path = out / "bench.json"
-    write_json(path, payload)
+    results = BenchResults(
+        config={**asdict(replace(config, kinds=[])), "kinds": [asdict(k) for k in config.kinds],
+                "eval": config.eval.record()},
+        data=json.loads(data_summary.read_text()) if data_summary.is_file() else None,
+        training=records,
+        curves={label: [r for r in _metrics(out / "train" / label)
+                        if any(k.startswith("eval/") for k in r)] for label in records},
+        # bench.json keeps each run's summaries, not its per-turn records (eval.json has them)
+        eval={t: replace(e, records=[], per_prompt=per_prompt_timings(e.records))
+              for t, e in evals.items()},
+        passes={n: replace(e, records=[], batch_records=[]) for n, e in passes.items()},
+        engines={name: {k: v for k, v in check.items() if k != "records"}
+                 for name, check in engines.items()},
+    )
+    path = write_bench_results(out / "bench.json", results)
     log(f"benchmark results: {path}")
     return path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from draftsmith.bench.train_pace import seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe
+from tests.bench.bench_results import bench_of
 from tests.helpers.state import require_offline_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,10 +242,10 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
               "draft_types": types}
     f32 = {**dflash, "target_outtype": "f32", "target_gguf": "/c/t-f32.gguf",
            "identical": [29, 30], "records": [{"identical": False, "tie_gap": 0.003}]}
-    text = "\n".join(engine_section({"engines": {"eagle3 in llama.cpp": check,
-                                                 "eagle3 in vllm": vllm,
-                                                 "dflash in llama.cpp": dflash,
-                                                 "dflash8k in llama.cpp": f32}}))
+    text = "\n".join(engine_section(bench_of(engines={"eagle3 in llama.cpp": check,
+                                                      "eagle3 in vllm": vllm,
+                                                      "dflash in llama.cpp": dflash,
+                                                      "dflash8k in llama.cpp": f32})))
     assert "on the target's folder converted by the same converter to GGUF in f32 (the weights " \
            "the loop decodes)" in text
     assert ("identical to its plain decoding: 29/30 (1 part at near-ties: the target's float32 "
@@ -258,13 +260,13 @@ def test_engine_section_puts_the_engine_next_to_the_loop():
     assert "### In a serving engine: vLLM (CPU build) 0.32.0" in text
     assert '`--speculative-config {"method": "eagle3", "num_speculative_tokens": 2}`' in text
     assert "Check FAILED." in text
-    assert engine_section({}) == []
+    assert engine_section(bench_of()) == []
 
 
 def test_a_pass_without_a_quantized_copy_gets_no_quantized_section(tmp_path):
     from draftsmith.bench.report_sections import passes_section
 
-    bench = {"passes": {"batch": {"target_variants": {"none": {}}}}}
+    bench = bench_of(passes={"batch": {"target_variants": {"none": {}}}})
     assert passes_section(bench, tmp_path) == []
 
 
@@ -273,15 +275,15 @@ def test_a_lossless_pass_gets_its_gate_section(tmp_path):
 
     check = {"greedy": True, "dtype_exact": True, "failures": [],
              "checked": ["prompt_lookup", "drafter_chain@eagle3"]}
-    bench = {"passes": {"lossless": {"lossless_check": check,
-                                     "config": {"limit": 3, "max_new_tokens": 32,
-                                                "check_lossless": True},
-                                     "summary": {"mt_bench": {}, "gsm8k": {}, "all": {}}}}}
+    bench = bench_of(passes={"lossless": {"lossless_check": check,
+                                          "config": {"limit": 3, "max_new_tokens": 32,
+                                                     "check_lossless": True},
+                                          "summary": {"mt_bench": {}, "gsm8k": {}, "all": {}}}})
     text = "\n".join(passes_section(bench, tmp_path))
     assert "### Lossless gate (`lossless` run, greedy, float32): 3 prompt(s) per set of " \
            "mt_bench, gsm8k (MT-bench: both turns), 32 new tokens per turn" in text
     assert "2 methods reproduced plain greedy decoding token for token in float32." in text
-    bench["passes"]["lossless"]["config"]["check_lossless"] = False  # no gate asked: no section
+    bench.passes["lossless"].config["check_lossless"] = False  # no gate asked: no section
     assert passes_section(bench, tmp_path) == []
 
 
@@ -293,20 +295,20 @@ def test_a_titled_pass_gets_its_own_method_table(tmp_path):
     plain = {"tau": 1.0, "tokens_per_second": 16.0, "speedup": 1.0, "runs": 10,
              "acceptance_by_depth": [], "time_split": {"draft": 0.0, "verify": 1.0}}
     summary = {s: {"plain": plain, "drafter_chain@dflash8k": row} for s in ("mt_bench", "all")}
-    bench = {"config": {"eval": {"methods": {}, "passes": {"v": {"title": "DFlash 8K"},
-                                                          "batch": {}}}},
-             "passes": {"v": {"config": {"limit": 10, "max_new_tokens": 48}, "summary": summary},
-                        "batch": {"config": {}, "summary": summary}}}
+    bench = bench_of(config={"eval": {"methods": {}, "passes": {"v": {"title": "DFlash 8K"},
+                                                               "batch": {}}}},
+                     passes={"v": {"config": {"limit": 10, "max_new_tokens": 48},
+                                   "summary": summary},
+                             "batch": {"config": {}, "summary": summary}})
     text = "\n".join(titled_passes(bench))
     assert text.startswith("### DFlash 8K (`v` run, greedy, 10 prompt(s) per set, 48 new tokens")
     assert "| drafter_chain@dflash8k | 1.50 | 0.50 | 0.30 |" in text and "**1.25x**" in text
     assert "batch" not in text  # untitled passes keep their own sections
-    bench["config"]["eval"]["passes"]["v"]["bench"] = ["sharegpt_long"]  # its own prompt sets
+    bench.config["eval"]["passes"]["v"]["bench"] = ["sharegpt_long"]  # its own prompt sets
     assert "\n".join(titled_passes(bench)).startswith(
         "### DFlash 8K (`v` run, greedy, prompts: sharegpt_long, 10 prompt(s) per set")
     assert "Trees sized" not in text
-    bench["passes"]["v"]["tree_budgets"] = {"drafter_chain@dflash8k": {"depth": 2,
-                                                                      "total_tokens": 5}}
+    bench.passes["v"].tree_budgets = {"drafter_chain@dflash8k": {"depth": 2, "total_tokens": 5}}
     assert "Trees sized for this machine: drafter_chain@dflash8k: depth 2 x 5 tokens." in \
         "\n".join(titled_passes(bench))
 
@@ -323,7 +325,7 @@ def test_a_pass_method_without_a_name_borrows_its_kind_s_with_its_label(tmp_path
               "eval": {"methods": {"drafter_chain@dflash": "DFlash (block chain)"},
                        "passes": {"v": {"methods": ["drafter_chain@dflash8k",
                                                     "drafter_chain@eagle3", "prompt_lookup"]}}}}
-    names = method_names({"config": config})
+    names = method_names(bench_of(config=config))
     assert names["drafter_chain@dflash8k"] == "DFlash (block chain) [dflash8k]"
     assert "drafter_chain@eagle3" not in names and "prompt_lookup" not in names  # raw ids stay
     # records written before records named their data count as the shared data's
@@ -416,15 +418,15 @@ def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path)
     assert data_folder(config, config.kind("eagle1")).name == "data"
     record = {"kind": "eagle1", "features": "online", "steps": 5, "batch_size": 2,
               "seconds_per_step": 1.0, "train_minutes": 1.0, "held_out": {}}
-    table = _training_table({"training": {
+    table = _training_table(bench_of(training={
         "eagle1": {**record, "data": {"folder": "a", "conversations": 1708, "tokens": 514008}},
         "eagle1-more": {**record, "tokens_seen": 775000,
                         "data": {"folder": "b", "conversations": 11144, "tokens": 3100000,
-                                 "regenerated": 3072}}}})
+                                 "regenerated": 3072}}}))
     assert "conversations | tokens | tokens seen (epochs)" in table[0]
     assert "| 11,144 (3,072 answered by the target) | 3,100,000 | 775,000 (0.25) |" in table[3]
     assert "| 1,708 | 514,008 | – |" in table[2]  # a record from before tokens_seen was kept
-    assert "conversations" not in _training_table({"training": {"eagle1": record}})[0]
+    assert "conversations" not in _training_table(bench_of(training={"eagle1": record}))[0]
     assert bench_name({"target": NAME, "name": "x-scaling"}) == "x-scaling"
     assert bench_name({"target": NAME, "name": None}) == NAME
     raw["kinds"]["eagle1-more"]["budget_minutes"] = 0
@@ -487,10 +489,10 @@ def test_the_hybrid_is_not_the_best_trained_drafter_but_has_its_own_bar_line():
 
     rows = {"plain": {"speedup": 1.0}, "prompt_lookup": {"speedup": 1.4},
             "drafter_dynamic@eagle3": {"speedup": 1.1}, "drafter_lookup@eagle3": {"speedup": 1.5}}
-    bench = {"config": {"speedup_bar": 1.6, "eval": {"methods": {
+    bench = bench_of(config={"speedup_bar": 1.6, "eval": {"methods": {
         "prompt_lookup": "prompt lookup", "drafter_dynamic@eagle3": "EAGLE-3",
         "drafter_lookup@eagle3": "EAGLE-3 + prompt lookup"}}},
-        "eval": {"0": {"summary": {"gsm8k": rows, "all": rows}}}}
+        eval={"0": {"summary": {"gsm8k": rows, "all": rows}}})
     lines, missed = bars(bench)
     assert "| best trained drafter speedup (EAGLE-3) | >= 1.6x | 1.10x | missed |" in lines
     assert "| best trained drafter faster than prompt lookup | > 1.40x | 1.10x | missed |" in lines
@@ -513,8 +515,8 @@ def test_relative_bars_compare_one_method_with_another():
         {"method": "drafter_chain@dflash", "metric": "speedup", "than": "drafter_dynamic@eagle3"},
         {"method": "drafter_dynamic@dflash", "metric": "draft_share",
          "than": "drafter_dynamic@eagle3", "factor": 0.333}]
-    bench = {"config": {"relative_bars": relative, "eval": {"methods": names}},
-             "eval": {"0": {"summary": {"gsm8k": rows, "all": rows}}}}
+    bench = bench_of(config={"relative_bars": relative, "eval": {"methods": names}},
+                     eval={"0": {"summary": {"gsm8k": rows, "all": rows}}})
     lines, missed = bars(bench)
     assert lines[2:] == [
         "| DFlash speedup > EAGLE-3's | > 1.20x | 1.25x | met |",
@@ -553,8 +555,9 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
                     ("small", 1708, 12, 384, None), ("all", 11144, 12, 384, 0),
                     ("long", 11144, 45, 384, None), ("all-1024", 11144, 12, 1024, None),
                     ("regen", 11100, 12, 384, 3000))}
-    bench = {"config": {"target": NAME, "eval": {"methods": {}}, "train": {"max_length": 384}},
-             "training": training, "eval": {"0": {"summary": summary}}}
+    bench = bench_of(config={"target": NAME, "eval": {"methods": {}},
+                             "train": {"max_length": 384}},
+                     training=training, eval={"0": {"summary": summary}})
     points = scaling_points(bench)
     assert points["drafters"][12, None, None] == [
         {"conversations": 1708, "tau": 1.5, "speedup": 1.1},
@@ -565,9 +568,9 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
     assert points["drafters"][12, None, 3000] == [{"conversations": 11100, "tau": 2.0, "speedup": 1.35}]
     assert points["baselines"] == {"prompt_lookup": {"tau": 1.6, "speedup": 1.4}}
     assert (tmp_path / "scaling.png") in write_plots(bench, tmp_path)
-    shared = {**bench, "training": {k: {**v, "data": {"folder": "one"}}
-                                    for k, v in training.items()}}
+    shared = replace(bench, training={k: {**v, "data": {"folder": "one"}}
+                                      for k, v in training.items()})
     assert scaling_points(shared) is None
-    same_count = {**bench, "training": {k: {**v, "data": {**v["data"], "conversations": 11144}}
-                                        for k, v in training.items()}}
+    same_count = replace(bench, training={k: {**v, "data": {**v["data"], "conversations": 11144}}
+                                          for k, v in training.items()})
     assert scaling_points(same_count) is None  # one x for every point: the tables say it all

@@ -4,6 +4,8 @@ engine check; checked without a GPU (the CUDA check is faked where only the name
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ from draftsmith.bench import run as bench_run
 from draftsmith.bench import train_process
 from draftsmith.bench.config import load_bench_config
 from draftsmith.cli import main
+from draftsmith.eval.results import write_eval_results
+from tests.bench.bench_results import run_of
 from tests.bench.test_bench import write_configs
 
 
@@ -43,7 +47,7 @@ def test_every_stage_gets_the_device(tmp_path, monkeypatch):
 
     def fake_eval(eval_config, log=print):
         seen.setdefault("eval", []).append(eval_config.device)
-        return {}
+        write_eval_results(Path(eval_config.out_dir) / "eval.json", run_of())
 
     monkeypatch.setattr(pipeline, "run_data_recipe", fake_data)
     monkeypatch.setattr(evaluate, "run_eval", fake_eval)

@@ -12,6 +12,7 @@ from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.extend import extension_recipe, seed_extension
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.checkpoint import CHECKPOINT_FORMAT, complete_checkpoints
+from tests.bench.bench_results import bench_of, run_of
 from tests.bench.test_bench import ROOT, write_configs
 
 EAGLE1 = str(ROOT / "recipes/smollm2-135m/eagle1.yaml")
@@ -102,18 +103,18 @@ def test_the_training_table_names_the_run_an_extension_trained_on():
 
     record = {"kind": "eagle3", "features": "online", "steps": 5, "batch_size": 4,
               "seconds_per_step": 1.8, "train_minutes": 70.0, "held_out": {}, "budget_minutes": 70}
-    bench = {"config": {"budget_minutes": 70}, "training": {
+    bench = bench_of(config={"budget_minutes": 70}, training={
         "a": record, "b": {**record, "budget_minutes": 110,
-                           "extends": {"label": "a", "step": 1623, "minutes": 48.3}}}}
+                           "extends": {"label": "a", "step": 1623, "minutes": 48.3}}})
     table = _training_table(bench)
     assert table[2].startswith("| a | eagle3 |") and "tokens seen" not in table[0]
-    bench["training"]["b"].update(tokens_seen=4377941, data={"folder": "d", "tokens": 3199394})
+    bench.training["b"].update(tokens_seen=4377941, data={"folder": "d", "tokens": 3199394})
     seen = _training_table(bench)
     assert "| features | tokens seen (epochs) | steps |" in seen[0] and seen[1].count("---") == 14
     assert "| online | 4,377,941 (1.37) | 5 |" in seen[3] and "| online | – | 5 |" in seen[2]
     assert table[3].startswith("| b (a trained on from its step 1,623) | eagle3 |")
     assert _budgets(bench) == "70 / 110"
-    assert _budgets({"config": {"budget_minutes": 8}, "training": {"a": {}}}) == "8"
+    assert _budgets(bench_of(config={"budget_minutes": 8}, training={"a": {}})) == "8"
 
 
 def test_an_evaluation_runs_again_when_the_config_asks_for_other_methods(tmp_path, monkeypatch):
@@ -121,18 +122,24 @@ def test_an_evaluation_runs_again_when_the_config_asks_for_other_methods(tmp_pat
     in one run, not left out by the eval.json of the run before it."""
     import draftsmith.eval.evaluate as evaluate
     from draftsmith.bench import run as bench_run
+    from draftsmith.eval.results import write_eval_results
 
     config = load_bench_config(write_configs(tmp_path))
     out = tmp_path / "eval_t0"
-    out.mkdir()
-    (out / "eval.json").write_text(json.dumps({"config": {"methods": ["plain", "prompt_lookup"]}}))
+    write_eval_results(out / "eval.json", run_of(config={"methods": ["plain", "prompt_lookup"]}))
     ran, lines = [], []
-    monkeypatch.setattr(evaluate, "run_eval", lambda cfg, log=print: ran.append(cfg.methods) or {})
+
+    def fake_eval(cfg, log=print):
+        ran.append(cfg.methods)
+        write_eval_results(out / "eval.json", run_of(config={"methods": list(cfg.methods)}))
+
+    monkeypatch.setattr(evaluate, "run_eval", fake_eval)
     kept = bench_run.run_eval_stage(config, out, ("prompt_lookup",), print, temperature=0.0)
-    assert kept["config"]["methods"] == ["plain", "prompt_lookup"] and not ran
-    bench_run.run_eval_stage(config, out, ("prompt_lookup", "lookahead"), lines.append,
-                             temperature=0.0)
+    assert kept.config["methods"] == ["plain", "prompt_lookup"] and not ran
+    again = bench_run.run_eval_stage(config, out, ("prompt_lookup", "lookahead"), lines.append,
+                                     temperature=0.0)
     assert ran == [("plain", "prompt_lookup", "lookahead")]
+    assert again.config["methods"] == ["plain", "prompt_lookup", "lookahead"]
     assert "evaluated plain, prompt_lookup; the config now asks for plain, prompt_lookup, " \
         "lookahead: evaluating them all again" in lines[0]
 

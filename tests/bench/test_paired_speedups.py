@@ -7,6 +7,7 @@ import pytest
 
 from draftsmith.bench.report_findings import paired_differences
 from draftsmith.bench.report_stats import paired_speedup_difference, per_prompt_timings
+from tests.bench.bench_results import bench_of
 
 
 def record(method, set_name, item, seconds, tokens=10, turn=0):
@@ -51,8 +52,8 @@ def test_the_report_names_each_compared_pair_with_its_interval():
                                        "drafter_lookup@x")}}
     summary["gsm8k"] = {m: {"speedup": s} for m, s in (("plain", 1.0), ("prompt_lookup", 1.25),
                         ("drafter_dynamic@x", 1 / 0.7), ("drafter_lookup@x", 2.0))}
-    bench = {"config": {"speedup_bar": 1.6, "eval": {"methods": {}}, "kinds": []},
-             "eval": {"0": {"summary": summary, "per_prompt": per_prompt_timings(records)}}}
+    bench = bench_of(config={"speedup_bar": 1.6, "eval": {"methods": {}}, "kinds": []},
+                     eval={"0": {"summary": summary, "per_prompt": per_prompt_timings(records)}})
     lines = paired_differences(bench)
     assert lines[0].startswith("Speedup differences on the same 4 prompts")
     assert any("minus" in line and "+0.75x (95% interval +0.75 to +0.75x" in line
