@@ -32,6 +32,12 @@ from draftsmith.export.source import DraftsmithCheckpoint, float_dtype_name, req
 from draftsmith.export.weights import write_weights
 
 DSPARK_PREFIXES = ("markov_head.", "confidence_head.")
+SGLANG_DSPARK_NOTE = (
+    "SGLang 0.5.23 builds `Qwen3DSparkModel` (`models/dspark.py`): the Qwen3 block and the Markov "
+    "head from this folder, the embedding and output head from the target. Under its default "
+    "`SGLANG_RAGGED_VERIFY_MODE=static` it drafts the whole block every step and skips the "
+    "confidence head; `cap-accept` or `compact` load it and set each request's verify length from "
+    "it (`speculative/dspark_components/dspark_planner.py`).")
 
 
 def write_dspark(ckpt: DraftsmithCheckpoint, out, opts: ExportOptions) -> dict:
@@ -111,7 +117,7 @@ def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSecti
             ServingSection("SGLang", (
                 f"python -m sglang.launch_server --model-path {base} \\",
                 f"  --speculative-algorithm DSPARK --speculative-draft-model-path {drafter} \\",
-                f"  --speculative-num-draft-tokens {block + 1}")),
+                f"  --speculative-num-draft-tokens {block + 1}"), note=SGLANG_DSPARK_NOTE),
             ServingSection("llama.cpp", note="Not from this folder: `draftsmith export CKPT "
                            "--format gguf` converts the drafter with llama.cpp's own converter "
                            "(`--spec-type draft-dspark`).")]

@@ -124,6 +124,8 @@ def test_dspark_export_loads_in_sglang(sglang, tmp_path, mode):
     # the card's SGLang command runs the block draftsmith trained: B query rows, B proposals
     assert card_gamma(out) == declared.attrs["gamma"] == SETTINGS["block_size"] == \
         module.proposals
+    # and says what SGLang takes from this folder and when it reads the confidence head
+    assert "`SGLANG_RAGGED_VERIFY_MODE=static`" in (out / "README.md").read_text()
 
 
 def test_dspark_contract_catches_what_sglang_would_not_serve(sglang, tmp_path):
