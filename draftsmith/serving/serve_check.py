@@ -347,3 +347,40 @@ def failures(summary: dict, settings: ServeCheckSettings) -> list[str]:
                 "missing or shifted, wrong norms, skipped keys, a draft vocabulary mapping (d2t) "
                 "lost; an untrained drafter also accepts nothing")
     return problems
+
+
+def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
+    """The check's table: the engine's numbers next to draftsmith's loop's (`--loop`)."""
+    engine, loop = summary["engine_stats"], summary.get("draftsmith")
+    same, total = summary["identical"]
+    from draftsmith.registry import get_spec
+
+    title = get_spec(summary.get("kind", "eagle3")).title
+    log(f"serve-check {summary['engine']} {summary['version']}: {summary['target']}, "
+        f"{title} x {summary['draft_max']}, {total} prompts x {summary['max_new_tokens']} tokens")
+    rows = [("identical greedy outputs", f"{same}/{total}", ""),
+            ("tau (tokens per target step)", f"{engine['tau']:.2f}",
+             f"{loop['tau']:.2f}" if loop else "-"),
+            ("acceptance rate", f"{engine['acceptance']:.1%}",
+             f"{loop['acceptance']:.1%}" if loop else "-")]
+    for k, rate in enumerate(engine["acceptance_per_position"]):
+        rows.append((f"  accepted at draft position {k + 1}", f"{rate:.1%}",
+                     f"{loop['acceptance_per_position'][k]:.1%}" if loop else "-"))
+    rows += [("tokens/s with the draft", f"{engine['tokens_per_second_spec']:.1f}",
+              f"{loop['tokens_per_second']:.1f} (fp32)" if loop else "-"),
+             ("tokens/s plain", f"{engine['tokens_per_second_plain']:.1f}", ""),
+             ("speedup over the engine's plain decoding", f"{engine['speedup']:.2f}x", "")]
+    if loop:  # a quantized engine target may answer otherwise: then the columns see other text
+        rows.append(("answers equal to the engine's", "", "{}/{}".format(
+            *loop["same_answer_as_engine"])))
+    log(f"{'':44} {'engine':>10} {'draftsmith loop':>18}")
+    for name, a, b in rows:
+        log(f"{name:44} {a:>10} {b:>18}")
+    for outtype, run in (summary.get("draft_types") or {}).items():
+        log(f"draft GGUF {outtype:5} ({run['draft_gguf_bytes'] / 1e6:.1f} MB): "
+            f"{run['tokens_per_second_spec']:.1f} tokens/s, {run['speedup']:.2f}x plain, "
+            f"acceptance {run['acceptance']:.1%}, identical {run['identical'][0]}/"
+            f"{run['identical'][1]}{near_tie_note(run.get('differing', []))}")
+    note = near_tie_note(summary["records"])
+    if note:
+        log(f"greedy outputs with the draft: {same}/{total} identical{note}")

@@ -21,7 +21,7 @@ from draftsmith.serving.serve_check import (
     compare_outputs,
     engine_acceptance,
     failures,
-    near_tie_note,
+    print_table,
     prompt_token_ids,
     run_engine,
     run_vllm,
@@ -142,42 +142,6 @@ def draft_length(drafter, settings: ServeCheckSettings) -> ServeCheckSettings:
     return replace(settings, draft_max=proposals)
 
 
-def print_table(summary: dict, log: Callable[[str], None] = print) -> None:
-    engine, loop = summary["engine_stats"], summary.get("draftsmith")
-    same, total = summary["identical"]
-    from draftsmith.registry import get_spec
-
-    title = get_spec(summary.get("kind", "eagle3")).title
-    log(f"serve-check {summary['engine']} {summary['version']}: {summary['target']}, "
-        f"{title} x {summary['draft_max']}, {total} prompts x {summary['max_new_tokens']} tokens")
-    rows = [("identical greedy outputs", f"{same}/{total}", ""),
-            ("tau (tokens per target step)", f"{engine['tau']:.2f}",
-             f"{loop['tau']:.2f}" if loop else "-"),
-            ("acceptance rate", f"{engine['acceptance']:.1%}",
-             f"{loop['acceptance']:.1%}" if loop else "-")]
-    for k, rate in enumerate(engine["acceptance_per_position"]):
-        rows.append((f"  accepted at draft position {k + 1}", f"{rate:.1%}",
-                     f"{loop['acceptance_per_position'][k]:.1%}" if loop else "-"))
-    rows += [("tokens/s with the draft", f"{engine['tokens_per_second_spec']:.1f}",
-              f"{loop['tokens_per_second']:.1f} (fp32)" if loop else "-"),
-             ("tokens/s plain", f"{engine['tokens_per_second_plain']:.1f}", ""),
-             ("speedup over the engine's plain decoding", f"{engine['speedup']:.2f}x", "")]
-    if loop:  # a quantized engine target may answer otherwise: then the columns see other text
-        rows.append(("answers equal to the engine's", "", "{}/{}".format(
-            *loop["same_answer_as_engine"])))
-    log(f"{'':44} {'engine':>10} {'draftsmith loop':>18}")
-    for name, a, b in rows:
-        log(f"{name:44} {a:>10} {b:>18}")
-    for outtype, run in (summary.get("draft_types") or {}).items():
-        log(f"draft GGUF {outtype:5} ({run['draft_gguf_bytes'] / 1e6:.1f} MB): "
-            f"{run['tokens_per_second_spec']:.1f} tokens/s, {run['speedup']:.2f}x plain, "
-            f"acceptance {run['acceptance']:.1%}, identical {run['identical'][0]}/"
-            f"{run['identical'][1]}{near_tie_note(run.get('differing', []))}")
-    note = near_tie_note(summary["records"])
-    if note:
-        log(f"greedy outputs with the draft: {same}/{total} identical{note}")
-
-
 def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchPrompt],
                     out_dir: str | Path, settings: ServeCheckSettings,
                     target_gguf: str | None = None, log: Callable[[str], None] = print,
@@ -208,27 +172,19 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
     if settings.engine == "vllm":
-        plain, spec, served = _run_vllm(export_dir, target_dir, ids, settings, method, out_dir,
-                                        log)
-        more = {}
+        (plain, spec, served), more = _run_vllm(export_dir, target_dir, ids, settings, method,
+                                                out_dir, log), {}
     else:
         plain, spec, served, more = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
                                                    method, out_dir, log)
         served.update(gguf_record)
     prefix = served.pop("metric_prefix")
-
-    def stats(run) -> dict:
-        engine = engine_acceptance(run, settings.draft_max, prefix)
-        engine["tokens_per_second_spec"] = round(run.tokens_per_second, 2)
-        engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
-        engine["speedup"] = round(run.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
-        return engine
-
-    engine = stats(spec)
+    engine = _engine_stats(spec, plain, settings.draft_max, prefix)
     records = compare_outputs(prompts, plain, spec)
     if more:  # every draft type: the engine's own numbers, one plain run for all
         served["draft_types"] = {
-            outtype: {**stats(run), "draft_gguf_bytes": path.stat().st_size,
+            outtype: {**_engine_stats(run, plain, settings.draft_max, prefix),
+                      "draft_gguf_bytes": path.stat().st_size,
                       "identical": [sum(r["identical"] for r in compared), len(compared)],
                       "differing": [r for r in compared if not r["identical"]]}
             for outtype, (run, path) in more.items()
@@ -265,6 +221,15 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
                               + f"\n(details: {out_dir / RESULT}; engine logs in {out_dir})")
     log(f"ok: {out_dir / RESULT}")
     return summary
+
+
+def _engine_stats(run, plain, draft_max: int, prefix: str) -> dict:
+    """The engine's acceptance and tau for one speculative run, and its speed against `plain`."""
+    engine = engine_acceptance(run, draft_max, prefix)
+    engine["tokens_per_second_spec"] = round(run.tokens_per_second, 2)
+    engine["tokens_per_second_plain"] = round(plain.tokens_per_second, 2)
+    engine["speedup"] = round(run.tokens_per_second / max(plain.tokens_per_second, 1e-9), 3)
+    return engine
 
 
 def measure_divergences(float32_target: Callable, ids: list[list[int]], plain, record_lists,
