@@ -4,11 +4,11 @@ two modules import each other, directly or around a circle.
 Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
 
   0  errors, files, config_values, provenance        plain utilities
-  1  precision, offline_models, quantize,             the machine, the offline models, int8 copies,
-     process_group                                    leaving a multi-process run
+  1  process_group                                    leaving a multi-process run
   2  models                                           nn.Modules, pure losses, target features
-  3  registry, target, target_args, chat,           drafter kinds, loading targets and drafters,
-     drafter_folder                                   the target arguments
+  3  registry, target, drafter_folder                 drafter kinds; the target (loading, its
+                                                      precision, offline models, int8 copies,
+                                                      chat replies); loading drafters
   4  decoding                                         the lossless decoding engine
   5  engines                                          llama.cpp and vLLM processes
   6  data, export                                     data preparation; serving formats
@@ -29,9 +29,9 @@ import draftsmith
 PACKAGE = Path(draftsmith.__file__).parent
 LAYERS = [
     ("errors", "files", "config_values", "provenance", "recipes_index"),
-    ("precision", "offline_models", "quantize", "process_group"),
+    ("process_group",),
     ("models",),
-    ("registry", "target", "target_args", "chat", "drafter_folder"),
+    ("registry", "target", "drafter_folder"),
     ("decoding",),
     ("engines",),
     ("data", "export"),
