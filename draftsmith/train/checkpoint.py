@@ -1,7 +1,8 @@
 """Checkpoints: resumable training state and the final drafter (safetensors + JSON).
 
 A training-state checkpoint `checkpoints/step_N/` holds the model and optimizer (written by
-accelerate: safetensors, and a torch file that is only ever read back as tensors), each process's
+accelerate: safetensors, and a torch file that is only ever read back as tensors; an FSDP2-sharded
+model's sharded by torch.distributed.checkpoint in `sharded/`, `sharded_state.py`), each process's
 random generator states (safetensors) and `progress.json`: the step, the run's total steps, the
 scheduler's position, the wall-clock budget's state (`budget`: seconds spent and the planner's
 revisions, so a resumed `train.max_minutes` run keeps its total) and the run's record (settings,
@@ -111,9 +112,7 @@ def save_state(accelerator, out_dir: Path, step: int, progress: dict,
         with disk_space_errors(tmp, "free space there, lower train.keep_checkpoints, or set "
                                "train.output_dir to a disk with room (move its checkpoints "
                                "along to resume)"):
-            accelerator.save_state(str(tmp))
-            # accelerate also pickles the generator states; draftsmith keeps a safetensors copy
-            (tmp / f"random_states_{accelerator.process_index}.pkl").unlink(missing_ok=True)
+            _save_model_and_optimizer(accelerator, tmp)
             save_rng_state(rng_state_file(tmp, accelerator.process_index))
     except DraftsmithError:  # the disk is full: no half-written checkpoint is left behind
         shutil.rmtree(tmp, ignore_errors=True)
@@ -130,6 +129,24 @@ def save_state(accelerator, out_dir: Path, step: int, progress: dict,
                 _remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def _save_model_and_optimizer(accelerator, folder: Path) -> None:
+    """An FSDP2-sharded model and its optimizer sharded (DCP: each process its own shards, in
+    `sharded/`); else accelerate's files (the model and optimizer once, written by the main
+    process), without the pickle of the generators' states that accelerate adds."""
+    from draftsmith.train.sharded_state import (
+        SHARDED_DIR,
+        holds_sharded_model,
+        prepared_parts,
+        save_sharded_state,
+    )
+
+    if holds_sharded_model(accelerator):
+        save_sharded_state(folder / SHARDED_DIR, *prepared_parts(accelerator))
+        return
+    accelerator.save_state(str(folder))
+    (folder / f"random_states_{accelerator.process_index}.pkl").unlink(missing_ok=True)
 
 
 def pruned(checkpoints: list[Path], keep: int) -> list[Path]:

@@ -6,8 +6,9 @@ and the number of processes. A resumed run must match it, except in the settings
 what is logged and written where (`FREE_SETTINGS`), and in its budget while the schedule can
 still take a new total (`budget_extendable`: a run extended or cut short from its stable phase);
 otherwise it stops before loading anything, naming what changed and the fix. Loading never unpickles anything but tensors and plain values:
-every torch file in the folder is first read with `torch.load(weights_only=True)`, the scheduler's
-position is JSON and the random generators' states are safetensors.
+every torch file in the folder is first read with `torch.load(weights_only=True)`, a sharded
+state's metadata by an unpickler of DCP's metadata classes only (`sharded_state.py`), the
+scheduler's position is JSON and the random generators' states are safetensors.
 """
 
 from __future__ import annotations
@@ -221,15 +222,17 @@ def verify_torch_files(folder: Path) -> None:
         DraftsmithError: naming the file, for pickled objects, damage, or accelerate's custom
             objects (`custom_checkpoint_*.pkl`, which it would unpickle without that guard).
     """
+    from draftsmith.train.sharded_state import SHARDED_DIR
+
     fix = _start_over(folder)
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        if path.name.endswith(_SAFE_SUFFIXES):
-            continue
+        if path.name.endswith(_SAFE_SUFFIXES) or path.parent == folder / SHARDED_DIR:
+            continue  # the sharded state's files are read by `load_sharded_state`'s guards
         if path.suffix == ".distcp" or path.name == ".metadata":
-            raise DraftsmithError(f"{folder} is a sharded FSDP checkpoint, whose metadata is a "
-                                  "pickle that draftsmith does not load; train with "
-                                  "fsdp_state_dict_type: FULL_STATE_DICT (recipes/accelerate/"
-                                  f"fsdp.yaml), and {fix}")
+            raise DraftsmithError(f"{path.parent} is a sharded FSDP checkpoint written by "
+                                  "accelerate, which reads it by unpickling its metadata "
+                                  "unguarded; draftsmith writes sharded state to "
+                                  f"{SHARDED_DIR}/ itself; {fix}")
         if path.name.startswith("custom_checkpoint_"):
             raise DraftsmithError(f"{path} is not part of a draftsmith checkpoint (accelerate "
                                   f"would unpickle it, running any code it holds); {fix}")
@@ -255,9 +258,16 @@ def load_checkpoint(accelerator, folder: Path, scheduler, progress: dict) -> Non
     """
     from safetensors import SafetensorError
 
+    from draftsmith.train.sharded_state import SHARDED_DIR, load_sharded_state, prepared_parts
+
     verify_torch_files(folder)
     try:
-        accelerator.load_state(str(folder), load_kwargs={"weights_only": True})
+        if (folder / SHARDED_DIR).is_dir():  # DCP re-shards it to this run's model, as it is
+            load_sharded_state(folder / SHARDED_DIR, *prepared_parts(accelerator))
+        else:
+            accelerator.load_state(str(folder), load_kwargs={"weights_only": True})
+    except DraftsmithError as err:
+        raise DraftsmithError(f"{err}; {_start_over(folder)}") from None
     except (RuntimeError, ValueError, KeyError, OSError, EOFError, SafetensorError,
             pickle.UnpicklingError) as err:
         reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
