@@ -1,8 +1,8 @@
 """Run by tests/train/test_sharded_state.py under a 2-process launch (gloo): an FSDP2-sharded
-EAGLE-3 drafter trained 2 steps on a sharded target, saved with `save_sharded_state`, trained 2
-more; a second drafter started from other weights, loaded from that save and trained the same 2
-steps, ends with the same losses and weights bit for bit. Each process wrote only its shards.
-Prints `ok` and the files' sizes on rank 0."""
+EAGLE-3 drafter trained 2 steps on a sharded target, checkpointed by the training loop's
+`save_state` (its sharded state through `save_sharded_state`), trained 2 more; a second drafter
+started from other weights, resumed by `load_checkpoint` and trained the same 2 steps, ends with
+the same losses and weights bit for bit. Prints `ok` and the sharded files' sizes on rank 0."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from torch.distributed.fsdp import fully_shard
 
 from draftsmith.registry import get_spec
 from draftsmith.target.load import TargetSpec
+from draftsmith.train.checkpoint import save_state
 from draftsmith.train.loss_module import LossModule
-from draftsmith.train.sharded_state import is_sharded, load_sharded_state, save_sharded_state
+from draftsmith.train.resume import load_checkpoint, scheduler_state
+from draftsmith.train.sharded_state import is_sharded
 from draftsmith.train.target_parts import full_state_dict, gathered, load_sharded_target
 
 SAVED_AT, STEPS = 2, 4
@@ -63,20 +65,31 @@ def train(model, optimizer, steps: range, rank: int) -> list[float]:
     return losses
 
 
+def register(accelerator, model, optimizer) -> None:
+    """Make `model` and `optimizer` the run's prepared ones, as `accelerator.prepare` does under
+    accelerate's FSDP2 plugin (which CPU hosts lack; it would wrap them in DDP here)."""
+    accelerator._models[:] = [model]
+    accelerator._optimizers[:] = [optimizer]
+
+
 def main(target_folder: str, out: str) -> None:
     accelerator = Accelerator(cpu=True)
-    rank, folder = accelerator.process_index, Path(out) / "sharded"
+    rank, out_dir = accelerator.process_index, Path(out)
     target = load_sharded_target(TargetSpec(name=target_folder, dtype="float32"), "cpu").model
     model, optimizer = build(target, seed=0)
+    register(accelerator, model, optimizer)
     first = train(model, optimizer, range(SAVED_AT), rank)
-    save_sharded_state(folder, model, optimizer)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    folder = save_state(accelerator, out_dir, SAVED_AT, {"scheduler": scheduler_state(schedule)})
     saved = full_state_dict(model)
     rest = train(model, optimizer, range(SAVED_AT, STEPS), rank)
     straight = full_state_dict(model)
 
     model, optimizer = build(target, seed=1)
+    register(accelerator, model, optimizer)
     assert not torch.equal(full_state_dict(model)["drafter.fc.weight"], saved["drafter.fc.weight"])
-    load_sharded_state(folder, model, optimizer)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    load_checkpoint(accelerator, folder, schedule, json.loads((folder / "progress.json").read_text()))
     loaded = full_state_dict(model)
     resumed = train(model, optimizer, range(SAVED_AT, STEPS), rank)
     ended = full_state_dict(model)
@@ -88,7 +101,7 @@ def main(target_folder: str, out: str) -> None:
     assert not torch.equal(straight["drafter.fc.weight"], saved["drafter.fc.weight"])
     whole = sum(t.numel() * t.element_size() for t in saved.values())
     if accelerator.is_main_process:
-        sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+        sizes = {p.name: p.stat().st_size for p in sorted((folder / "sharded").iterdir())}
         print(json.dumps({"files": sizes, "drafter_bytes": whole, "losses": first + rest}))
         print("ok")
     torch.distributed.barrier()  # every check done on both ranks

@@ -1,7 +1,7 @@
 """An FSDP2-sharded drafter's training state saved and loaded sharded (`train/sharded_state.py`,
-torch.distributed.checkpoint): on 2 processes (gloo) a run resumed from the save ends bit-identical
-to the uninterrupted one, each process having written only its own rows of every sharded weight
-and optimizer state; and nothing in such a checkpoint is unpickled but plain values (a planted
+torch.distributed.checkpoint) by the loop's `save_state` and `load_checkpoint`: on 2 processes
+(gloo) a run resumed from the checkpoint ends bit-identical to the uninterrupted one, each process
+having written only its own rows of every sharded weight and optimizer state; and nothing in such a checkpoint is unpickled but plain values (a planted
 object in its metadata or among its values is refused and never runs)."""
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def test_two_processes_resume_a_sharded_drafter_bit_identical_from_their_own_sha
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith("ok")  # the resumed losses and weights were equal
 
-    folder = tmp_path / "run" / "sharded"
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2"
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "progress.json", "rng_state_0.safetensors", "rng_state_1.safetensors", "sharded"]
+    folder = checkpoint / "sharded"
     assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp",
                                                         "__1_0.distcp"]
     metadata = read_metadata(folder / ".metadata")
