@@ -20,7 +20,7 @@ from draftsmith.models.layers import (
     padded_causal_mask,
     shift_left,
 )
-from draftsmith.models.losses import parse_loss, summed_loss
+from draftsmith.models.losses import parse_loss, per_row_loss, wide
 
 
 @dataclass
@@ -110,7 +110,8 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     (the token loss is `loss`: soft cross-entropy by default).
 
     Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
-    predicts f_{i+1}, trained where token i+2 is in the loss mask (heads run on those rows only).
+    predicts f_{i+1}, trained where token i+2 is in the loss mask (selected by a mask, so
+    nothing waits on a host count).
     """
     cfg = drafter.config
     b, t = input_ids.shape
@@ -120,16 +121,18 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     predicted, _ = drafter.step(shift_left(input_ids, 1), inputs, positions,
                                 padded_causal_mask(attention_mask))
-    valid = (shift_left(loss_mask, 2) > 0) & (torch.arange(t, device=input_ids.device)[None] < t - 2)
+    n = max(t - 2, 0)  # positions i < T - 2 have a label i + 2 inside the batch
+    valid = loss_mask[:, 2:] > 0  # (B, n): token i + 2 is trained; counted on the device
     count = valid.sum().clamp_min(1)
-    predicted = predicted[valid]
-    next_features = shift_left(features, 1)[valid]
-    feature_loss = F.smooth_l1_loss(predicted.float(), next_features.float(),
-                                    reduction="none").mean(-1).sum() / count
-    draft_logp = torch.log_softmax(drafter.logits(predicted).float(), dim=-1)
-    teacher = target_logits_after(valid, 1)
-    token_loss = summed_loss(draft_logp, teacher, parse_loss(cfg.loss)) / count
+    predicted = predicted[:, :n]
+    feature_loss = F.smooth_l1_loss(wide(predicted), wide(features[:, 1:t - 1]),
+                                    reduction="none").mean(-1)
+    feature_loss = torch.where(valid, feature_loss, 0.0).sum() / count
+    draft_logp = torch.log_softmax(wide(drafter.logits(predicted)), dim=-1)
+    teacher = target_logits_after.every()[:, 1:t - 1]
+    token_loss = torch.where(valid, per_row_loss(draft_logp, teacher, parse_loss(cfg.loss),
+                                                  valid), 0.0).sum() / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    hits = draft_logp.argmax(-1) == teacher.argmax(-1)
+    hits = valid & (draft_logp.argmax(-1) == teacher.argmax(-1))
     return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
                   "acc_0": hits.sum().float() / count}

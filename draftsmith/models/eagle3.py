@@ -21,7 +21,6 @@ from draftsmith.models.layers import (
     Rotary,
     TargetLogits,
     drafter_layer_config,
-    restrict_target_logits,
     shift_left,
 )
 from draftsmith.models.losses import (
@@ -29,6 +28,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    wide,
 )
 
 
@@ -128,6 +128,11 @@ class Eagle3Midlayer(DraftDecoderLayer):
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
 
+    def run_ttt(self, embeds, hidden, cos, sin, extra_kv):
+        """`run` as a training-time-test step (see DraftDecoderLayer.forward_ttt)."""
+        attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return self.forward_ttt(attn_input, hidden, cos, sin, extra_kv)
+
     def run_rows(self, embeds, hidden, cos, sin, rows, shape, extra_kv):
         """`run` on packed rows (see DraftDecoderLayer.forward_rows)."""
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
@@ -226,6 +231,17 @@ class Eagle3Drafter(DraftVocab, nn.Module):
             return out, kv
         return out, self.head(out), kv
 
+    def step_ttt(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+        """A training-time-test step (without logits) on every position of a right-padded batch:
+        tokens (B, T), hidden (B, T, H) and position ids (B, T), after the earlier steps'
+        `extra_kv` -> (h_out (B, T, H), (keys, values)); the attention pattern is `ttt_masks`',
+        computed without it (`ttt_attention`)."""
+        embeds = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = self.rotary(hidden, position_ids)
+        out, kv = self.midlayer.run_ttt(embeds, hidden, cos, sin, extra_kv)
+        return self.feedback(out), kv
+
     def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                   rows: torch.Tensor, shape: tuple[int, int], extra_kv: list[KV]
                   ) -> tuple[torch.Tensor, KV]:
@@ -282,31 +298,29 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     draft vocabulary. Total = sum_j w_j * mean loss_j: soft cross-entropy and w_j = step_weight^j
     by default (`loss`, `position_weights`: see models/losses.py).
 
-    Work is spent only where it is used: the heads (the target's full-vocabulary head and the
-    draft head) run on trained positions, and the decoder layer's row-wise parts on real tokens
-    at step 0 and on positions trained at that step or later afterwards (`ttt_rows`); padding
-    and prompt rows of later steps are never computed. Only attention runs in the padded (B, T)
-    layout. The loss is that of running every step on the whole padded batch.
+    Every step runs on the whole (B, T) batch and the rows a loss needs are chosen by masks, the
+    counts kept as tensors: nothing waits on the host (what packed batches make cheap). The head
+    runs on the first T - 2 - j positions of step j, the only ones step j trains.
 
     Args:
-        input_ids, attention_mask, loss_mask: (B, T).
+        input_ids, attention_mask, loss_mask: (B, T), right-padded.
         aux_hidden: three (B, T, H) target layer outputs.
-        target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
+        target_logits_after: the target's logits (see layers.TargetLogits).
 
     Returns:
         (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target over every trained
         position: a target choice outside the draft vocabulary counts as a miss, as it is at
-        decode time, so acc and simulated tau compare with the other kinds') and `loss_{j}`.
+        decode time, so acc and simulated tau compare with the other kinds') and `loss_{j}`;
+        every value a tensor.
     """
     cfg = drafter.config
     b, t = input_ids.shape
-    index = torch.arange(t, device=input_ids.device)[None]
+    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     draft_ids = drafter.draft_ids()
-    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(cfg.ttt_steps)]
-    needed = ttt_rows(attention_mask, valid)
-    teacher = restrict_target_logits(target_logits_after, draft_ids)
-    rows = needed[0].flatten().nonzero().squeeze(1)  # flat (B * T) positions, ascending
-    hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
+    with torch.no_grad():  # after every position: (B, T, Vd), (B, T)
+        teacher, choice = target_logits_after.restricted_every(draft_ids)
+        in_vocab = drafter.t2d[choice]
+    hidden = drafter.fuse(aux_hidden)  # (B, T, H)
     cache: list[KV] = []
     weights = [cfg.step_weight ** j for j in range(cfg.ttt_steps)] \
         if cfg.position_weights == "geometric" else decay_weights(cfg.ttt_steps, cfg.decay_gamma)
@@ -314,24 +328,16 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
                             hidden.device)
     metrics: dict[str, torch.Tensor] = {}
     for j in range(cfg.ttt_steps):
-        tokens = shift_left(input_ids, 1 + j).flatten()[rows]
-        out, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), cache)
+        hidden, kv = drafter.step_ttt(shift_left(input_ids, 1 + j), hidden, positions + j, cache)
         cache = [*cache, kv]
-        with torch.no_grad():
-            teacher_rows, target_choice = teacher(valid[j], 1 + j)
-            in_vocab = drafter.t2d[target_choice]
-        trained = valid[j].sum().clamp_min(1)  # a target choice outside the draft vocab is a miss
-        scored = valid[j].flatten()[rows]  # packed rows in valid[j]'s (row-major) order
-        scored[scored.clone()] = in_vocab
-        count = in_vocab.sum().clamp_min(1)
-        logp = torch.log_softmax(drafter.head(out[scored]).float(), dim=-1)
-        flat = valid[j].flatten().nonzero().squeeze(1)  # valid[j]'s positions, row-major
-        step_loss = losses.add(j, logp, teacher_rows[in_vocab], count, flat=flat[in_vocab],
-                               missed=flat[~in_vocab])
-        hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
+        n = max(t - 2 - j, 0)  # positions i < T - 2 - j have a label i + j + 2 inside the batch
+        valid = loss_mask[:, 2 + j:] > 0  # (B, n): token i + j + 2 is trained
+        known = in_vocab[:, 1 + j:t - 1]
+        scored = valid & known
+        logp = torch.log_softmax(wide(drafter.head(hidden[:, :n])), dim=-1)
+        step_loss = losses.add_masked(j, logp, teacher[:, 1 + j:t - 1], scored,
+                                      missed=valid & ~known)
+        hits = scored & (draft_ids[logp.argmax(-1)] == choice[:, 1 + j:t - 1])
         metrics[f"loss_{j}"] = step_loss
-        metrics[f"acc_{j}"] = hits.sum().float() / trained
-        if j + 1 < cfg.ttt_steps:  # the next step computes a subset of these rows
-            keep = needed[j + 1].flatten()[rows]
-            rows, hidden = rows[keep], out[keep]
+        metrics[f"acc_{j}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

@@ -31,6 +31,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import shift_left
 from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
+HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every`
+
 
 def hidden_key(index: int) -> str:
     """Storage key of `hidden_states[index]`."""
@@ -140,10 +142,9 @@ class Features:
     @functools.cached_property
     def _needed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Trained positions (every position whose next token is in the loss mask) and the row
-        index of each position among them (-1 where untrained)."""
+        index of each position among them (-1 where untrained), counted on the device."""
         needed = shift_left(self.loss_mask, 1) > 0
-        row_of = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
-        row_of[needed] = torch.arange(int(needed.sum()), device=needed.device)
+        row_of = torch.where(needed, needed.long().flatten().cumsum(0).view_as(needed) - 1, -1)
         return needed, row_of
 
     @functools.cached_property
@@ -158,44 +159,71 @@ class Features:
     def _rows_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
         _, row_of = self._needed
         index = shift_left(row_of, shift, -1)[valid]
-        if bool((index < 0).any()):
-            raise ValueError("target logits requested at a position whose next token is not "
-                             "trained")
+        _check_trained(index)
         return index
 
-    def logits_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+    def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
         """Target logits (m, V) at i + shift for each position i set in `valid` (a TargetLogits).
 
         Raises:
-            ValueError: a requested position is not a trained one (a loss asked for the wrong row).
+            RuntimeError: a requested position is not a trained one (a loss asked for the wrong
+                row; raised where the device reports it).
         """
         return self._trained_rows[1][self._rows_after(valid, shift)]
+
+    @property
+    def logits_after(self) -> Features:
+        """The features as a TargetLogits (models/layers.py): what the per-position losses take."""
+        return self
+
+    def every(self) -> torch.Tensor:
+        """(B, T, V) target logits after every position (`target_logits`)."""
+        return self.target_logits
+
+    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's logits after every position over `columns` (B, T, C) and its
+        full-vocabulary argmax (B, T). With the cache's `target_argmax` and a plain linear head,
+        only the `columns` rows of the head are applied: an (m, C) product instead of (m, V),
+        the same logits up to float rounding. Otherwise the full product runs in row chunks of
+        `HEAD_CHUNK` (its argmax needs every column), each sliced at once, so no (B, T, V) block
+        is held."""
+        head = self.head
+        hidden = self.last_hidden.to(head.weight.dtype)
+        with torch.no_grad():
+            if self.target_argmax is not None and isinstance(head, nn.Linear) \
+                    and head.bias is None:
+                return nn.functional.linear(hidden, head.weight[columns]), \
+                    self.target_argmax.long()
+            if "target_logits" in self.__dict__:
+                return self.target_logits[..., columns], self.target_logits.argmax(-1)
+            sliced, choice = [], []
+            for chunk in hidden.flatten(0, 1).split(HEAD_CHUNK):
+                logits = head(chunk)
+                sliced.append(logits[:, columns])
+                choice.append(logits.argmax(-1))
+        shape = self.last_hidden.shape[:2]
+        return torch.cat(sliced).view(*shape, -1), torch.cat(choice).view(shape)
 
     def logits_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Target logits (m, V) after positions (batch_index[i], positions[i]) (block drafters'
         labels at arbitrary offsets); each position's next token must be trained.
 
         Raises:
-            ValueError: a requested position's next token is not trained (a loss bug).
+            RuntimeError: a requested position's next token is not trained (a loss bug).
         """
         return self._trained_rows[1][self._rows_at(batch_index, positions)]
 
     def _rows_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Trained-row index of each (batch_index[i], positions[i]); ValueError if untrained."""
+        """Trained-row index of each (batch_index[i], positions[i]); RuntimeError if untrained."""
         _, row_of = self._needed
         index = row_of[batch_index, positions]
-        if bool((index < 0).any()):
-            raise ValueError("target logits requested at a position whose next token is not "
-                             "trained")
+        _check_trained(index)
         return index
-
-    __call__ = logits_after  # the features are themselves a TargetLogits (with `.restricted`)
 
     def restricted(self, columns: torch.Tensor):
         """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
-        and their full-vocabulary argmax, sliced and reduced once for the whole batch (EAGLE-3's
-        draft vocabulary: a (m, Vd) gather instead of an (m, V) one per training-time-test step).
-        See `_restricted_rows` for what is computed."""
+        and their full-vocabulary argmax, sliced and reduced once for the whole batch (P-EAGLE's
+        rows). See `_restricted_rows` for what is computed."""
         sliced, choice = self._restricted_rows(columns)
 
         def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +238,7 @@ class Features:
         (m,)) (DFlash's draft vocabulary; see `_restricted_rows`).
 
         Raises:
-            ValueError: a requested position's next token is not trained (a loss bug).
+            RuntimeError: a requested position's next token is not trained (a loss bug).
         """
         index = self._rows_at(batch_index, positions)
         sliced, choice = self._restricted_rows(columns)
@@ -218,10 +246,7 @@ class Features:
 
     def _restricted_rows(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every trained row's logits over `columns` and full-vocabulary argmax (callers compute
-        it once per batch). With the cache's `target_argmax` and a plain linear head, only the
-        `columns` rows of the head are applied: an (m, Vd) product instead of (m, V), the same
-        logits up to float rounding, and the argmax the target made on its unrounded hidden
-        state."""
+        it once per batch), as `restricted_every` computes them."""
         head = self.head
         plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
@@ -234,6 +259,13 @@ class Features:
                 _, rows = self._trained_rows
                 sliced, choice = rows[:, columns], rows.argmax(-1)
         return sliced, choice
+
+
+def _check_trained(index: torch.Tensor) -> None:
+    """Raise where a loss asked for an untrained position (index -1), checked on the device
+    without waiting for it (RuntimeError once the device reports it)."""
+    torch._assert_async((index >= 0).all(), "target logits requested at a position whose next "
+                        "token is not trained")
 
 
 @torch.no_grad()

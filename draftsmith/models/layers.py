@@ -8,6 +8,7 @@ head dim, RoPE, norm eps), so the same code serves Llama, Qwen2 and other Llama-
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +28,50 @@ from draftsmith.models.ttt_attention import ttt_attention
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
-# target_logits_after(valid, shift): the target's logits (m, V) at position i + shift for every
-# position i where the (B, T) bool mask `valid` is set. Losses only ask for trained positions, so
-# the target's full-vocabulary head runs on those rows alone.
-TargetLogits = Callable[[torch.Tensor, int], torch.Tensor]
+
+class TargetLogits(Protocol):
+    """The target's logits as a drafter's loss reads them (the training `Features`, or
+    `dense_target_logits` over precomputed logits).
+
+    `every()` and `restricted_every(columns)` are what the per-position losses read: a fixed
+    (B, T, ...) layout, so a step selects its rows with masks and never waits on a host count.
+    Calling it, `(valid, shift)` -> (m, V) rows at i + shift for every i set in `valid`, serves
+    losses that pick scattered positions (the block drafters, P-EAGLE).
+    """
+
+    def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor: ...
+
+    def every(self) -> torch.Tensor:
+        """(B, T, V): the logits after every position."""
+
+    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """((B, T, C) logits after every position over `columns`, (B, T) full-vocabulary
+        argmax)."""
 
 
-def dense_target_logits(logits: torch.Tensor) -> TargetLogits:
+class DenseTargetLogits:
     """A TargetLogits over precomputed (B, T, V) logits."""
-    return lambda valid, shift: shift_left(logits, shift)[valid]
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
+        return shift_left(self.logits, shift)[valid]
+
+    def every(self) -> torch.Tensor:
+        return self.logits
+
+    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.logits[..., columns], self.logits.argmax(-1)
+
+
+def dense_target_logits(logits: torch.Tensor) -> DenseTargetLogits:
+    """A TargetLogits over precomputed (B, T, V) logits."""
+    return DenseTargetLogits(logits)
 
 
 # restricted(valid, shift): (the target's logits over a column subset (m, C), its full-vocabulary
-# argmax (m,)) at i + shift for every i set in `valid`: what EAGLE-3 reads of the teacher.
+# argmax (m,)) at i + shift for every i set in `valid` (P-EAGLE's rows).
 RestrictedTargetLogits = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -180,6 +212,33 @@ class DraftDecoderLayer(nn.Module):
         all_k = torch.cat(keys, dim=2) if len(keys) > 1 else k
         all_v = torch.cat(values, dim=2) if len(values) > 1 else v
         h = residual + self.self_attn.attend(q, all_k, all_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
+
+    def forward_ttt(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor, extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+        """One training-time-test step on every position of a right-padded batch, attention
+        through `ttt_attention` (causal over block 0, the same position in later blocks; no mask).
+
+        Args:
+            attn_input: (B, T, in) and residual: (B, T, H).
+            cos, sin: RoPE tables of the step's positions.
+            extra_kv: earlier steps' (keys, values), (B, nkv, T, hd) each: block 0 first (empty at
+                step 0, whose own keys are block 0).
+
+        Returns:
+            (output (B, T, H), the step's (keys, values) (B, nkv, T, hd)).
+        """
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward_ttt, attn_input, residual, cos, sin, extra_kv,
+                              use_reentrant=False)
+        return self._forward_ttt(attn_input, residual, cos, sin, extra_kv)
+
+    def _forward_ttt(self, attn_input, residual, cos, sin, extra_kv):
+        attn = self.self_attn
+        q, (k, v) = attn.project_kv(attn_input, cos, sin)
+        blocks = [*extra_kv, (k, v)]
+        heads = ttt_attention(q, blocks[0], blocks[1:]).transpose(1, 2)  # (B, T, nh, hd)
+        h = residual + attn.o_proj(heads.flatten(2))
         return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
 
     def forward_rows(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,

@@ -93,27 +93,34 @@ def check_position_weights(scheme: str, gamma: float, name: str = "drafter") -> 
         raise ValueError(f"{name}.decay_gamma={gamma} must be > 0 (decay exp(-k / gamma))")
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in at least float32 (float64 stays float64): the dtype losses are computed in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def acceptance(draft_logp: torch.Tensor, target_p: torch.Tensor) -> torch.Tensor:
     """alpha = sum_v min(p_v, q_v) per row. (m, C), (m, C) -> (m,)"""
     return torch.minimum(draft_logp.exp(), target_p).sum(-1)
 
 
-def per_row_loss(draft_logp: torch.Tensor, target_logits: torch.Tensor, spec: LossSpec
-                 ) -> torch.Tensor:
+def per_row_loss(draft_logp: torch.Tensor, target_logits: torch.Tensor, spec: LossSpec,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of every row.
 
     Args:
-        draft_logp: the draft's log-probabilities (m, C), float32, with gradients.
-        target_logits: the target's logits over the same C columns (m, C); its softmax is p and
-            its argmax the `ce` label.
+        draft_logp: the draft's log-probabilities (..., C), float32 (or float64), with gradients.
+        target_logits: the target's logits over the same C columns (..., C); its softmax is p
+            and its argmax the `ce` label.
         spec: the loss setting.
+        mask: (...) bool, the rows of the call that carry a loss (`lk`'s mean alpha is theirs);
+            None = every row.
 
     Returns:
-        (m,) float32.
+        (...) in draft_logp's dtype.
     """
-    target_logits = target_logits.float()
+    target_logits = wide(target_logits)
     p = torch.softmax(target_logits, dim=-1)
-    total = draft_logp.new_zeros(draft_logp.shape[0])
+    total = draft_logp.new_zeros(draft_logp.shape[:-1])
     for name, weight in spec.terms:
         if name == "kl":
             term = -(p * draft_logp).sum(-1)
@@ -123,7 +130,9 @@ def per_row_loss(draft_logp: torch.Tensor, target_logits: torch.Tensor, spec: Lo
             term = -draft_logp.gather(-1, target_logits.argmax(-1, keepdim=True)).squeeze(-1)
         else:  # lk
             alpha = acceptance(draft_logp, p)
-            w = torch.exp(-LK_DECAY * alpha.mean().detach())
+            mean = alpha.mean() if mask is None else \
+                torch.where(mask, alpha, 0.0).sum() / mask.sum().clamp_min(1)
+            w = torch.exp(-LK_DECAY * mean.detach())
             kl = (torch.xlogy(p, p) - p * draft_logp).sum(-1)
             term = w * kl + (1 - w) * (1 - alpha)
         total = total + weight * term
@@ -135,7 +144,7 @@ def summed_loss(draft_logp: torch.Tensor, target_logits: torch.Tensor, spec: Los
     """sum over rows of (row weight *) `per_row_loss`; a scalar. Plain `kl` without row weights
     is computed as `-(p * log q).sum()` over the whole (m, C) block, as before these options."""
     if spec.plain_kl and row_weights is None:
-        return -(torch.softmax(target_logits.float(), dim=-1) * draft_logp).sum()
+        return -(torch.softmax(wide(target_logits), dim=-1) * draft_logp).sum()
     rows = per_row_loss(draft_logp, target_logits, spec)
     return (rows if row_weights is None else rows * row_weights).sum()
 
@@ -165,13 +174,13 @@ def dpace_weights(q: torch.Tensor, mask: torch.Tensor, known: torch.Tensor | Non
         alpha: D-PACE's floor (0.5).
 
     Returns:
-        (S, n) float32 weights, detached.
+        (S, n) weights in at least float32, detached.
     """
-    q = q.detach().float()
+    q = wide(q.detach())
     known = mask if known is None else known
     q_tilde = torch.where(known, (1 - alpha) * q + alpha, torch.ones_like(q))
     cumulative = torch.cumprod(q_tilde, dim=0)
-    carried = cumulative * mask.float()
+    carried = cumulative * mask.to(cumulative.dtype)
     return carried.flip(0).cumsum(0).flip(0)
 
 
@@ -181,7 +190,9 @@ class PositionLosses:
 
     `geometric` and `decay` weight each position by a constant (`weights[k]`) times its mean loss;
     `dpace` weights each row by its D-PACE weight (needs every depth first, so `total` computes
-    it at the end) over the same per-position count.
+    it at the end) over the same per-position count. `add_masked` takes a position's rows in the
+    batch's (B, T) layout with a mask of those that carry a loss (no host count); `add` takes
+    selected rows and their flat positions.
     """
 
     def __init__(self, spec: LossSpec, scheme: str, weights: list[float], size: int,
@@ -195,13 +206,50 @@ class PositionLosses:
         self.spec, self.scheme, self.weights = spec, scheme, weights
         self.size, self.device = size, device
         self.sum = torch.zeros((), dtype=torch.float32, device=device)
-        self.depths: list[tuple] = []
+        self.depths: list[tuple] = []  # dpace: (rows, count, mask, prob, missed) on the grid
+
+    def add_masked(self, k: int, draft_logp: torch.Tensor, target_logits: torch.Tensor | None,
+                   mask: torch.Tensor, missed: torch.Tensor | None = None,
+                   tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft position k's rows in the batch layout; returns its (unweighted) mean loss over
+        `mask`, detached.
+
+        Args:
+            draft_logp, target_logits: (B, T', C) as `per_row_loss`, for the first T' <= T
+                positions of each sequence (target_logits unused with `tokens`).
+            mask: (B, T') bool, the rows that carry a loss; the divisor is their count, kept as a
+                tensor. Other rows contribute neither loss nor gradient.
+            missed: (B, T') bool, trained rows whose label the draft cannot propose (out of
+                EAGLE-3's draft vocabulary): q = 0 there (`dpace`).
+            tokens: (B, T') hard labels (`labels: data`), as in `add`.
+        """
+        count = mask.sum().clamp_min(1)
+        if tokens is not None:
+            rows = -draft_logp.gather(-1, tokens[..., None]).squeeze(-1)
+            prob = (-rows).detach().exp()
+        else:
+            rows = per_row_loss(draft_logp, target_logits, self.spec, mask)
+            prob = label_prob(draft_logp, target_logits) if self.scheme == "dpace" else None
+        rows = torch.where(mask, rows, 0.0)
+        step = rows.sum() / count
+        if self.scheme != "dpace":
+            self.sum = self.sum + self.weights[k] * step
+            return step.detach()
+        width = self.size // mask.shape[0]
+
+        def grid(x):  # (B, T') -> (B * T,)
+            return F.pad(x, (0, width - x.shape[1])).flatten()
+
+        prob = torch.where(mask, prob, 0.0)
+        missed = grid(missed) if missed is not None else None
+        self.depths.append((grid(rows), count, grid(mask), grid(prob), missed))
+        return step.detach()
 
     def add(self, k: int, draft_logp: torch.Tensor, target_logits: torch.Tensor,
             count: torch.Tensor, flat: torch.Tensor | None = None,
             missed: torch.Tensor | None = None, tokens: torch.Tensor | None = None
             ) -> torch.Tensor:
-        """Draft position k's rows; returns its (unweighted) mean loss, detached.
+        """Draft position k's selected rows; returns its (unweighted) mean loss, detached.
 
         Args:
             draft_logp, target_logits: (m, C) as `per_row_loss`.
@@ -226,25 +274,26 @@ class PositionLosses:
         if tokens is None:
             rows = per_row_loss(draft_logp, target_logits, self.spec)
             prob = label_prob(draft_logp, target_logits)
-        self.depths.append((rows, count, flat, prob, missed))
+        on_grid = torch.zeros(self.size, dtype=torch.bool, device=self.device)
+        on_grid[flat] = True
+        known = None
+        if missed is not None:
+            known = torch.zeros_like(on_grid)
+            known[missed] = True
+        self.depths.append((rows.new_zeros(self.size).index_copy(0, flat, rows), count, on_grid,
+                            prob.new_zeros(self.size).index_copy(0, flat, prob), known))
         return (rows.sum() / count).detach()
 
     def total(self) -> torch.Tensor:
         """The weighted loss over every position added."""
         if self.scheme != "dpace" or not self.depths:
             return self.sum
-        steps = len(self.depths)
-        q = torch.zeros(steps, self.size, device=self.device)
-        mask = torch.zeros(steps, self.size, dtype=torch.bool, device=self.device)
-        known = mask.clone()
-        for j, (_, _, flat, prob, missed) in enumerate(self.depths):
-            q[j, flat] = prob
-            mask[j, flat] = True
-            known[j, flat] = True
-            if missed is not None:
-                known[j, missed] = True  # q stays 0: a sure miss
+        q = torch.stack([prob for _, _, _, prob, _ in self.depths])
+        mask = torch.stack([on_grid for _, _, on_grid, _, _ in self.depths])
+        known = torch.stack([on_grid if missed is None else on_grid | missed
+                             for _, _, on_grid, _, missed in self.depths])
         weights = dpace_weights(q, mask, known)
         total = self.sum
-        for j, (rows, count, flat, _, _) in enumerate(self.depths):
-            total = total + (weights[j, flat] * rows).sum() / count
+        for j, (rows, count, _, _, _) in enumerate(self.depths):
+            total = total + (weights[j] * rows).sum() / count
         return total

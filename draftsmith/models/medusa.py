@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import TargetLogits, shift_left
+from draftsmith.models.layers import TargetLogits
 from draftsmith.models.losses import (
     PositionLosses,
     check_labels,
     check_position_weights,
     decay_weights,
     parse_loss,
+    wide,
 )
 
 
@@ -130,25 +131,25 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     """sum_k w^k CE(head_k(h_t), label of token t+2+k) over loss-masked targets, the label being
     the target's distribution of that token (logits at t+1+k; `labels: target`) or the data's
     token (`labels: data`). Accuracy of head k is its agreement with the target's own greedy
-    choice for that token. Heads run only on trained positions."""
+    choice for that token. Rows are selected by masks (no host count)."""
     cfg = heads.config
     b, t = input_ids.shape
-    index = torch.arange(t, device=input_ids.device)[None]
     num_heads = len(heads.heads)
     weights = [cfg.head_weight ** k for k in range(num_heads)] \
         if cfg.position_weights == "geometric" else decay_weights(num_heads, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             features.device)
     metrics = {}
+    every = target_logits_after.every()  # (B, T, V) after every position
     for k in range(num_heads):
-        valid = (shift_left(loss_mask, 2 + k) > 0) & (index < t - 2 - k)
-        count = valid.sum().clamp_min(1)
-        logits = heads.head(k, features[valid]).float()
-        teacher = target_logits_after(valid, 1 + k)
-        tokens = shift_left(input_ids, 2 + k)[valid] if cfg.labels == "data" else None
-        head_loss = losses.add(k, torch.log_softmax(logits, dim=-1), teacher, count,
-                               flat=valid.flatten().nonzero().squeeze(1), tokens=tokens)
-        hits = logits.argmax(-1) == teacher.argmax(-1)
+        n = max(t - 2 - k, 0)  # positions i < T - 2 - k have a label inside the batch
+        valid = loss_mask[:, 2 + k:] > 0  # (B, n): token i + 2 + k is trained
+        logits = wide(heads.head(k, features[:, :n]))
+        teacher = every[:, 1 + k:t - 1]
+        tokens = input_ids[:, 2 + k:] if cfg.labels == "data" else None
+        head_loss = losses.add_masked(k, torch.log_softmax(logits, dim=-1), teacher, valid,
+                                      tokens=tokens)
+        hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
         metrics[f"loss_{k}"] = head_loss
-        metrics[f"acc_{k}"] = hits.sum().float() / count
+        metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

@@ -29,6 +29,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    wide,
 )
 
 
@@ -127,7 +128,7 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
              loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead), on trained
-    positions only, against the target's distribution (`labels: target`) or the data's tokens
+    positions only (selected by masks, no host count), against the target's distribution (`labels: target`) or the data's tokens
     (`labels: data`). Accuracy of module k is agreement with the target's own greedy choice."""
     cfg = drafter.config
     b, t = input_ids.shape
@@ -141,16 +142,17 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
                             features.device)
     hidden = features
     metrics = {}
+    every = target_logits_after.every()  # (B, T, V) after every position
     for k in range(cfg.num_modules):
         hidden, _ = drafter.module_hidden(k, shift_left(input_ids, k + 1), hidden, positions, mask)
-        valid = (shift_left(loss_mask, k + 2) > 0) & (positions < t - k - 2)
-        count = valid.sum().clamp_min(1)
-        logits = drafter.module_logits(k, hidden[valid]).float()
-        teacher = target_logits_after(valid, k + 1)
-        tokens = shift_left(input_ids, k + 2)[valid] if cfg.labels == "data" else None
-        step_loss = losses.add(k, torch.log_softmax(logits, dim=-1), teacher, count,
-                               flat=valid.flatten().nonzero().squeeze(1), tokens=tokens)
-        hits = logits.argmax(-1) == teacher.argmax(-1)
+        n = max(t - k - 2, 0)  # positions i < T - k - 2 have a label inside the batch
+        valid = loss_mask[:, k + 2:] > 0  # (B, n): token i + k + 2 is trained
+        logits = wide(drafter.module_logits(k, hidden[:, :n]))
+        teacher = every[:, k + 1:t - 1]
+        tokens = input_ids[:, k + 2:] if cfg.labels == "data" else None
+        step_loss = losses.add_masked(k, torch.log_softmax(logits, dim=-1), teacher, valid,
+                                      tokens=tokens)
+        hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
         metrics[f"loss_{k}"] = step_loss
-        metrics[f"acc_{k}"] = hits.sum().float() / count
+        metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

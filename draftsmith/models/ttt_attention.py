@@ -39,41 +39,42 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
 
     Returns:
         (B, nh, T, hd), equal to SDPA with `eagle3.ttt_masks` for every real (right-padded) query.
+        Grouped KV heads are read in place (SDPA's `enable_gqa`, grouped products for the
+        diagonals): no key or value is copied to every query head.
     """
     k0, v0 = block0
     b, nh, t, hd = q.shape
-    group = nh // k0.shape[1]
+    nkv = k0.shape[1]
+    group = nh // nkv
     scale = 1.0 / math.sqrt(hd)
     if not diagonal:
-        return F.scaled_dot_product_attention(q, _heads(k0, group), _heads(v0, group),
-                                              is_causal=True)
-    dk = torch.stack([_heads(k, group) for k, _ in diagonal], dim=-2)  # (B, nh, T, j, hd)
-    dv = torch.stack([_heads(v, group) for _, v in diagonal], dim=-2)
+        return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, enable_gqa=group > 1)
+    dk = torch.stack([k for k, _ in diagonal], dim=-2)  # (B, nkv, T, j, hd)
+    dv = torch.stack([v for _, v in diagonal], dim=-2)
     wide = torch.promote_types(q.dtype, torch.float32)  # at least float32 for the softmax
-    # per-position dot products as batched (1, hd) @ (hd, j) products: no (B, nh, T, j, hd)
-    # elementwise product is formed
-    scores = torch.matmul(q.unsqueeze(-2), dk.transpose(-1, -2)).squeeze(-2).to(wide) * scale
-    sink = torch.logsumexp(scores, dim=-1)  # (B, nh, T): the sink key's score for each query
+    # per-position dot products as batched (group, hd) @ (hd, j) products, the query heads of a
+    # KV head together: no (B, nh, T, j, hd) product and no repeated keys are formed
+    grouped = q.view(b, nkv, group, t, hd).transpose(2, 3)  # (B, nkv, T, group, hd)
+    scores = torch.matmul(grouped, dk.transpose(-1, -2)).to(wide) * scale  # (.., group, j)
+    # the sink key's score for each query, divided by the scale in `wide` before the split into
+    # a high and a low part of q's dtype, whose sum SDPA multiplies back by the scale
+    sink = (torch.logsumexp(scores, dim=-1) / scale).transpose(2, 3).reshape(b, nh, t)
     high = sink.to(q.dtype)
     low = (sink - high.to(wide)).to(q.dtype)
     # queries [dummy, q_0..q_{T-1}] over keys [sink, k_0..k_{T-1}]: with is_causal, query i+1 sees
     # the sink and keys 0..i (the dummy row, which sees the sink alone, is dropped)
     extra_q = q.new_zeros(b, nh, t, _PAD)
-    extra_q[..., 0] = high / scale
-    extra_q[..., 1] = low / scale
+    extra_q[..., 0] = high
+    extra_q[..., 1] = low
     q_aug = F.pad(torch.cat([q, extra_q], dim=-1), (0, 0, 1, 0))
-    k_aug = F.pad(_heads(k0, group), (0, _PAD, 1, 0))
+    k_aug = F.pad(k0, (0, _PAD, 1, 0))
     k_aug[:, :, 0, hd:hd + 2] = 1.0
-    v_aug = F.pad(_heads(v0, group), (0, _PAD, 1, 0))
+    v_aug = F.pad(v0, (0, _PAD, 1, 0))
     v_aug[:, :, 0, hd] = 1.0
-    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale)
+    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale,
+                                         enable_gqa=group > 1)
     out = out[:, :, 1:]
     share = out[..., hd:hd + 1].to(wide)  # (B, nh, T, 1): the diagonals' part of each softmax
-    weights = torch.softmax(scores, dim=-1).to(q.dtype).unsqueeze(-2)  # (B, nh, T, 1, j)
-    diagonal_part = share * torch.matmul(weights, dv).squeeze(-2).to(wide)
-    return (out[..., :hd].to(wide) + diagonal_part).to(q.dtype)
-
-def _heads(x: torch.Tensor, group: int) -> torch.Tensor:
-    """KV heads repeated to the query heads (GQA), (B, nkv, T, hd) -> (B, nkv * group, T, hd):
-    the fused kernels take equal head counts on every backend."""
-    return x if group == 1 else x.repeat_interleave(group, dim=1)
+    weights = torch.softmax(scores, dim=-1).to(q.dtype)  # (B, nkv, T, group, j)
+    diagonal_part = torch.matmul(weights, dv).transpose(2, 3).reshape(b, nh, t, hd)
+    return (out[..., :hd].to(wide) + share * diagonal_part.to(wide)).to(q.dtype)

@@ -95,3 +95,52 @@ def test_gradient_checkpointing_leaves_eagle3_loss_and_gradients_unchanged():
     for grad, plain in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(grad, plain, rtol=1e-6, atol=1e-7)
     assert any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def _sink_split_after_the_division(q, block0, diagonal):
+    """`ttt_attention` as it was: the sink score split into bf16 parts, then each divided by the
+    scale in bf16 (a rounding the division adds where the scale is not a power of two)."""
+    import math
+
+    from draftsmith.models.ttt_attention import _PAD
+    k0, v0 = block0
+    b, nh, t, hd = q.shape
+    group, scale = nh // k0.shape[1], 1.0 / math.sqrt(hd)
+    dk = torch.stack([k.repeat_interleave(group, 1) for k, _ in diagonal], dim=-2)
+    dv = torch.stack([v.repeat_interleave(group, 1) for _, v in diagonal], dim=-2)
+    scores = torch.matmul(q.unsqueeze(-2), dk.transpose(-1, -2)).squeeze(-2).float() * scale
+    sink = torch.logsumexp(scores, dim=-1)
+    high = sink.to(q.dtype)
+    low = (sink - high.float()).to(q.dtype)
+    extra_q = q.new_zeros(b, nh, t, _PAD)
+    extra_q[..., 0], extra_q[..., 1] = high / scale, low / scale
+    k_aug = F.pad(k0.repeat_interleave(group, 1), (0, _PAD, 1, 0))
+    k_aug[:, :, 0, hd:hd + 2] = 1.0
+    v_aug = F.pad(v0.repeat_interleave(group, 1), (0, _PAD, 1, 0))
+    v_aug[:, :, 0, hd] = 1.0
+    out = F.scaled_dot_product_attention(F.pad(torch.cat([q, extra_q], -1), (0, 0, 1, 0)),
+                                         k_aug, v_aug, is_causal=True, scale=scale)[:, :, 1:]
+    weights = torch.softmax(scores, dim=-1).to(q.dtype).unsqueeze(-2)
+    diagonal_part = out[..., hd:hd + 1].float() * torch.matmul(weights, dv).squeeze(-2).float()
+    return (out[..., :hd].float() + diagonal_part).to(q.dtype)
+
+
+def test_the_sink_divided_in_float32_before_the_split_shrinks_the_bf16_error_at_head_dim_128():
+    """At head_dim 128 (scale 1/sqrt(128), not a power of two) dividing the sink's bf16 parts by
+    the scale rounds them again; dividing in float32 first leaves only the split's rounding. Both
+    against float64 on the same bf16 inputs."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rounded(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).bfloat16()
+
+    q = rounded(2, 4, 64, 128, s=2.0)
+    blocks = [(rounded(2, 2, 64, 128, s=2.0), rounded(2, 2, 64, 128)) for _ in range(4)]
+    exact = ttt_attention(q.double(), *_split([(k.double(), v.double()) for k, v in blocks]))
+
+    def error(attention):
+        out = attention(q, *_split(blocks)).double()
+        return float(((out - exact).abs() / exact.abs().clamp_min(1e-2)).mean())
+
+    now, before = error(ttt_attention), error(_sink_split_after_the_division)
+    assert now < 0.9 * before, (now, before)

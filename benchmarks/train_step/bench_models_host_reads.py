@@ -1,0 +1,156 @@
+"""Seconds per drafter step (forward + loss + backward) and host reads per step of every kind, at
+the quickstart's shapes, for the loss code at two checkouts, alternated kind by kind (a
+benchmark, not a test).
+
+    git worktree add /tmp/before <commit before the change>
+    flock /tmp/draftsmith-bench.lock .venv/bin/python \\
+        benchmarks/train_step/bench_models_host_reads.py --before /tmp/before \\
+        --out benchmarks/train_step/models-host-reads.json
+
+Each measurement runs in a fresh process whose `draftsmith` is the checkout's (PYTHONPATH). The
+target is SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 30 layers) with
+random weights; its features are random tensors of that shape (the target's own forward is not
+timed). Batch 8 x 512 as recipes/smollm2-135m/eagle3.yaml, right-padded rows of 256..512 real
+tokens whose first 32..128 (the prompt) are not trained. Drafter settings are the smollm2-135m
+recipes'. The first step (counted under a dispatch mode that counts `_local_scalar_dense`,
+`nonzero`, `masked_select` and boolean-mask indexing) is a warm-up; the next `--steps` are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+KINDS = {"eagle1": {}, "eagle3": {"draft_vocab_size": 8192, "ttt_steps": 5},
+         "medusa": {"num_heads": 3}, "mtp": {"num_modules": 2},
+         "dflash": {"draft_vocab_size": 8192}, "dspark": {}}
+SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+         "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+         "max_position_embeddings": 8192, "tie_word_embeddings": True}
+BATCH, LENGTH = 8, 512
+
+
+def _reads_mode():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    reads = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
+    indexing = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            masks = func in indexing and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
+            if func in reads or masks:
+                self.counts[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Reads()
+
+
+def worker(kind: str, dtype_name: str, steps: int) -> dict:
+    """One kind at one precision in this process's `draftsmith`."""
+    import torch
+    from torch import nn
+    from transformers import LlamaConfig
+
+    from draftsmith.models.features import Features
+    from draftsmith.registry import get_spec
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPE)
+    spec = get_spec(kind)
+    settings = spec.make_config(KINDS[kind])
+    bf16 = dtype_name == "bf16"
+    feature_dtype = torch.bfloat16 if bf16 else torch.float32
+    embed = nn.Embedding(config.vocab_size, config.hidden_size)
+    head = nn.Linear(config.hidden_size, config.vocab_size, bias=False).to(feature_dtype)
+    head.weight.data = embed.weight.data.to(feature_dtype) * 4
+    target = type("Target", (), {"config": config, "get_input_embeddings": lambda self: embed,
+                                 "get_output_embeddings": lambda self: head})()
+    drafter = spec.build(config, settings)
+    drafter.init_from_target(target)
+    drafter.train()
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(256, LENGTH + 1, (BATCH,), generator=gen)
+    prompts = torch.randint(32, 129, (BATCH,), generator=gen)
+    index = torch.arange(LENGTH)[None]
+    attention_mask = (index < lengths[:, None]).long()
+    loss_mask = attention_mask * (index >= prompts[:, None])
+    input_ids = torch.randint(2, 8192, (BATCH, LENGTH), generator=gen) * attention_mask
+    layers = spec.aux_layers(config.num_hidden_layers, settings)
+
+    def hidden():
+        return (torch.randn(BATCH, LENGTH, config.hidden_size, generator=gen)).to(feature_dtype)
+
+    features = [Features(input_ids, attention_mask, loss_mask, hidden(),
+                         [hidden() for _ in layers], head) for _ in range(steps + 1)]
+
+    def step(batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = spec.loss(drafter, batch)
+        loss.backward()
+        drafter.zero_grad(set_to_none=True)
+
+    reads = _reads_mode()
+    with reads:
+        step(features[0])
+    start = time.perf_counter()
+    for batch in features[1:]:
+        step(batch)
+    return {"seconds_per_step": (time.perf_counter() - start) / steps,
+            "host_reads": sum(reads.counts.values()), "reads_by_op": dict(reads.counts)}
+
+
+def run(checkout: Path, kind: str, dtype: str, steps: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    out = subprocess.run([sys.executable, __file__, "--worker", kind, dtype, str(steps)],
+                         env=env, check=True, capture_output=True, text=True, cwd=checkout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="checkout of the old code")
+    parser.add_argument("--after", type=Path, default=Path.cwd())
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--kinds", nargs="*", default=list(KINDS))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, dtype, steps = args.worker
+        print(json.dumps(worker(kind, dtype, int(steps))))
+        return
+    rows = []
+    for kind in args.kinds:
+        for dtype in ("fp32", "bf16"):
+            before = run(args.before.resolve(), kind, dtype, args.steps)
+            after = run(args.after.resolve(), kind, dtype, args.steps)
+            rows.append({"kind": kind, "dtype": dtype, "before": before, "after": after})
+            print(kind, dtype, f"{before['seconds_per_step']:.2f} -> "
+                  f"{after['seconds_per_step']:.2f} s/step, reads {before['host_reads']} -> "
+                  f"{after['host_reads']}", flush=True)
+    commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()
+               for name, path in (("before", args.before), ("after", args.after))}
+    import torch
+    record = {"batch": BATCH, "length": LENGTH, "target_shape": SHAPE, "settings": KINDS,
+              "steps": args.steps, "commits": commits, "torch_threads": torch.get_num_threads(),
+              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores", "rows": rows}
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
