@@ -8,7 +8,7 @@ position and tau on the benchmark's dynamic tree compared (a benchmark, not a te
     .venv/bin/python benchmarks/peer-recipe/bench_peer_recipe.py train --base-steps 375 \
         --variants baseline,step_weight_1,...
     .venv/bin/python benchmarks/peer-recipe/bench_peer_recipe.py report
-    .venv/bin/python benchmarks/peer-recipe/bench_peer_recipe.py tau --limit 4
+    .venv/bin/python benchmarks/peer-recipe/bench_peer_recipe.py tau --variants baseline --limit 4
 
 Every phase adds to one JSON (`--out`); a variant trained or timed again replaces its entry.
 """
@@ -28,8 +28,6 @@ from draftsmith.provenance import git_commit
 from draftsmith.target.precision import describe_hardware, hardware_record
 
 RECIPE = "recipes/smollm2-135m/quickstart.yaml"
-# the quickstart's data step, with the cache given 7 minutes (a busy 2-core machine)
-DATA = ["data.out_dir=runs/peer-recipe/data", "data.cache.max_minutes=7"]
 # each of the issue's differences alone, as our recipe's overrides (the peer's value)
 DIFFERENCES = {
     "step_weight_1": ["drafter.step_weight=1.0"],  # equal weight per TTT step (ours 0.8^k)
@@ -41,7 +39,7 @@ DIFFERENCES = {
     "weight_decay": ["train.weight_decay=0.01"],  # AdamW's (Muon's is 0.1 in both)
 }
 PEER = list(DIFFERENCES)
-SKIP = 5  # a timing run's first steps (setup, warm-up) are not timed
+SKIP = 3  # a timing run's first steps (setup, warm-up) are not timed
 
 
 def overrides_of(variant: str) -> list[str]:
@@ -57,10 +55,19 @@ def overrides_of(variant: str) -> list[str]:
     return [o for p in parts for o in DIFFERENCES[p]]
 
 
-def train(variant: str, steps: int, out_dir: Path, extra: list[str]) -> list[dict]:
+def data_overrides(args) -> list[str]:
+    """The quickstart's data step in its own folder, its cache given `--cache-minutes` (the
+    quickstart's 3 cache a few dozen conversations on a busy 2-core machine), and the held-out
+    share that keeps about as many conversations out as the issue's 17."""
+    return [f"data.out_dir={args.data_dir}", f"data.cache.max_minutes={args.cache_minutes:g}",
+            f"train.eval_fraction={args.eval_fraction:g}"]
+
+
+def train(args, variant: str, steps: int, out_dir: Path) -> list[dict]:
     """One `draftsmith train` of the quickstart recipe for `steps` steps; its metrics rows."""
-    command = [sys.executable, "-m", "draftsmith", "train", "--config", RECIPE, *DATA,
-               *overrides_of(variant), *extra, f"train.max_steps={steps}",
+    command = [sys.executable, "-m", "draftsmith", "train", "--config", RECIPE,
+               *data_overrides(args),
+               *overrides_of(variant), f"train.max_steps={steps}",
                "train.max_minutes=null", "train.save_every=0", f"train.output_dir={out_dir}"]
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True)
@@ -72,7 +79,7 @@ def load(path: Path) -> dict:
 
 
 def save(path: Path, payload: dict) -> None:
-    payload.update(recipe=RECIPE, data=DATA, commit=git_commit(),
+    payload.update(recipe=RECIPE, commit=git_commit(),
                    hardware=describe_hardware(hardware_record("cpu")))
     write_json(path, payload)
 
@@ -82,8 +89,8 @@ def time_variants(args, payload: dict) -> None:
     per_step: dict[str, list[float]] = {}
     for round_index in range(args.rounds):
         for variant in args.variants:
-            rows = train(variant, args.timed_steps, Path(args.work) / "time" / f"{variant}-{round_index}",
-                         [])
+            rows = train(args, variant, args.timed_steps,
+                         Path(args.work) / "time" / f"{variant}-{round_index}")
             clock = [r["seconds"] for r in rows if "loss" in r]
             per_step.setdefault(variant, []).extend(
                 b - a for a, b in zip(clock[SKIP - 1:], clock[SKIP:], strict=False))
@@ -114,62 +121,88 @@ def train_variants(args, payload: dict) -> None:
     timing = payload.get("seconds_per_step", {})
     for variant in args.variants:
         cost = relative_cost(variant, timing)
-        steps = math.floor(args.base_steps / cost)
-        out_dir = Path(args.work) / "train" / variant
-        rows = train(variant, steps, out_dir, [])
+        steps = args.steps or math.floor(args.base_steps / cost)
+        out_dir = Path(args.work) / "train" / (args.name or variant)
+        rows = train(args, variant, steps, out_dir)
         final = [r for r in rows if "eval/simulated_tau" in r][-1]
         write_json(out_dir / "result.json", {
-            "overrides": overrides_of(variant), "steps": steps, "relative_cost": round(cost, 4),
+            "variant": variant, "overrides": overrides_of(variant), "steps": steps,
+            "relative_cost": round(cost, 4),
             "base_steps": args.base_steps, "drafter": str(out_dir / "drafter"),
+            "data": data_overrides(args),
             **{f"heldout_acc@{k + 1}": round(final[f"eval/acc_{k}"], 4) for k in range(3)},
             "heldout_simulated_tau": round(final["eval/simulated_tau"], 4)})
 
 
 def report(args, payload: dict) -> None:
-    """Gather every trained variant's result into the payload."""
+    """Gather every trained variant's result into the payload; print the markdown table."""
     for path in sorted((Path(args.work) / "train").glob("*/result.json")):
-        payload.setdefault("variants", {})[path.parent.name] = load(path)
+        tau = load(path.parent / "tau.json")
+        payload.setdefault("variants", {})[path.parent.name] = {
+            **load(path), **({"decoded_tau": tau} if tau else {})}
+    rows = sorted(payload.get("variants", {}).items(),
+                  key=lambda item: -item[1]["heldout_simulated_tau"])
+    print("| run | overrides | steps | held-out acc@1 | acc@2 | acc@3 | simulated tau | "
+          "decoded tau |\n|---|---|---|---|---|---|---|---|")
+    for name, row in rows:
+        tau = row.get("decoded_tau", {}).get("tau", "-")
+        print(f"| {name} | `{' '.join(row['overrides']) or '(the quickstart recipe)'}` | "
+              f"{row['steps']} | {row['heldout_acc@1']:.3f} | {row['heldout_acc@2']:.3f} | "
+              f"{row['heldout_acc@3']:.3f} | {row['heldout_simulated_tau']:.3f} | {tau} |")
 
 
 def tau_variants(args, payload: dict) -> None:
-    """tau of every trained variant on the benchmark's dynamic tree, one `draftsmith eval` run
-    (the same prompts, the same tree settings)."""
-    results = payload["variants"]
-    names = [v for v in (args.variants or results) if v in results]
-    command = [sys.executable, "-m", "draftsmith", "eval", "--target", "smollm2-135m-instruct"]
-    for name in names:
-        command += ["--drafter", f"{name}={results[name]['drafter']}"]
-    out = Path(args.work) / "eval"
-    command += ["--methods", ",".join(f"drafter_dynamic@{n}" for n in names),
-                "--num-draft-tokens", "3", "--tree-topk", "3", "--tree-total-tokens",
-                str(args.tree_total_tokens), "--bench", "mt_bench,humaneval,gsm8k",
-                "--limit", str(args.limit), "--max-new-tokens", "96", "--out", str(out)]
-    print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
-    payload["tau_command"] = " ".join(command[1:])
-    payload["tau_eval"] = str(out / "eval.json")
+    """tau of each trained variant on the benchmark's dynamic tree (the same prompts and tree
+    settings for every variant; greedy, so a run's tau does not depend on the machine's load),
+    one `draftsmith eval` per variant, written next to its run (`report` gathers them)."""
+    for name in args.variants:
+        run = Path(args.work) / "train" / name
+        out = Path(args.work) / "eval" / name
+        command = [sys.executable, "-m", "draftsmith", "eval", "--target",
+                   "smollm2-135m-instruct", "--drafter", str(run / "drafter"),
+                   "--methods", "drafter_dynamic", "--num-draft-tokens", "3", "--tree-topk", "3",
+                   "--tree-depth", "6", "--tree-total-tokens", str(args.tree_total_tokens),
+                   "--bench", "mt_bench,humaneval,gsm8k", "--limit", str(args.limit),
+                   "--max-new-tokens", str(args.max_new_tokens), "--out", str(out)]
+        print("$", " ".join(command), flush=True)
+        subprocess.run(command, check=True)
+        records = [r for r in load(out / "eval.json")["records"]
+                   if r["method"] == "drafter_dynamic"]
+        steps = sum(len(r["tokens_per_step"]) for r in records)
+        tokens = sum(sum(r["tokens_per_step"]) for r in records)
+        write_json(run / "tau.json", {
+            "tau": round(tokens / steps, 4), "prompts": len(records), "decoding_steps": steps,
+            "command": " ".join(["draftsmith", *command[3:]]),
+            "by_set": {k: round(v["drafter_dynamic"]["tau"], 4)
+                       for k, v in load(out / "eval.json")["summary"].items()}})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("phase", choices=["time", "train", "report", "tau"])
     parser.add_argument("--variants", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train: these steps instead of the ones the minutes give")
+    parser.add_argument("--name", default=None, help="train: the run's folder and label")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timed-steps", type=int, default=30)
     parser.add_argument("--base-steps", type=int, default=375,
                         help="the baseline's steps in the minutes compared (6 min at 0.958 s)")
     parser.add_argument("--limit", type=int, default=4, help="prompts per set (3 sets)")
     parser.add_argument("--tree-total-tokens", default="16")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--work", default="runs/peer-recipe")
+    parser.add_argument("--data-dir", default="runs/peer-recipe/data")
+    parser.add_argument("--cache-minutes", type=float, default=17.0)
+    parser.add_argument("--eval-fraction", type=float, default=0.1)
     parser.add_argument("--out", default="benchmarks/peer-recipe/results.json")
     args = parser.parse_args()
     payload = load(Path(args.out))
     phases = {"time": time_variants, "train": train_variants, "report": report,
               "tau": tau_variants}
     phases[args.phase](args, payload)
-    if args.phase != "train":
+    if args.phase in ("time", "report"):
         save(Path(args.out), payload)
-    print(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":
