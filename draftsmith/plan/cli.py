@@ -20,8 +20,6 @@ def add_plan_parser(verbs) -> None:
     plan.add_argument("--gpus", type=positive_int_arg, default=1, help="ranks (processes)")
     plan.add_argument("--sharding", choices=["ddp", "fsdp"], default=None,
                       help="how several ranks train (default ddp, recipes/accelerate/ddp.yaml)")
-    plan.add_argument("--trained-fraction", type=float, default=1.0,
-                      help="share of positions trained (default 1: every one, the upper bound)")
     plan.add_argument("--target-config", default=None,
                       help="the target's config.json (or its folder) when draftsmith has none")
     plan.set_defaults(func=cmd_plan)
@@ -31,7 +29,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from draftsmith.plan.report import format_report, plan_recipe
 
     report = plan_recipe(args.recipe, args.overrides, gpu=args.gpu, gpus=args.gpus,
-                         sharding=args.sharding, trained_fraction=args.trained_fraction,
-                         target_config=args.target_config)
+                         sharding=args.sharding, target_config=args.target_config)
     print(format_report(report))
     return 0 if report.verdict != "does not fit" else 1

@@ -10,11 +10,12 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   weights for the step;
 - online, the target's forward under no_grad keeps the hidden states the drafter reads
   (`models/features.extract_features`) beside one layer's working set; then those states and the
-  target's full-vocabulary logits on trained positions live through the step;
+  target's logits over the draft vocabulary after every position live through the step (the
+  full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
-  its rows (every real token at step 0, trained positions after), the keys/values of every step
-  so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's
-  float32 log-probabilities and teacher probabilities on trained rows.
+  every position (the step selects its rows by masks, never by a host count), the keys/values of
+  every step so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft
+  head's float32 log-probabilities and teacher probabilities on every position.
 
 Attention: the training-time test attends through `models/ttt_attention.py` (causal SDPA without
 a mask plus the diagonal blocks, merged by a sink key), which the fused kernels take on every
@@ -22,14 +23,15 @@ device and which keeps only a log-sum-exp row (`blockwise`, the default). `math`
 bool mask with GQA costs on a GPU (SDPA's math path keeps float32 (B, heads, T, (j+1)T)
 probabilities per step), the code before that kernel.
 
-Sizes are upper bounds for a batch of B sequences at max length with a `trained_fraction` of
-their positions trained (1.0 = every one).
+Sizes are upper bounds for a batch of B sequences at max length. Grouped KV heads are read in
+place by the attention (SDPA's `enable_gqa`), so no key or value is repeated per query head.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from draftsmith.models.features import HEAD_CHUNK
 from draftsmith.plan.shapes import ModelShapes
 
 F32 = 4
@@ -56,7 +58,6 @@ class Settings:
         checkpointing: the decoder layer is recomputed in backward (train.gradient_checkpointing).
         device: `cuda` or `cpu`.
         attention: `math` (dense scores kept) or `blockwise`.
-        trained_fraction: share of positions trained (their next token is in the loss mask).
     """
 
     batch: int
@@ -70,7 +71,6 @@ class Settings:
     checkpointing: bool = False
     device: str = "cuda"
     attention: str = "math"
-    trained_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,13 +127,12 @@ def target_forward_bytes(s: ModelShapes, cfg: Settings) -> int:
 def feature_bytes(s: ModelShapes, cfg: Settings) -> int:
     """The hidden states the drafter reads and the teacher logits, live through the step."""
     tokens = cfg.batch * cfg.length
-    trained = int(tokens * cfg.trained_fraction)
     states = s.hidden_indices * tokens * s.hidden * cfg.target_bytes
-    if cfg.online:  # the full-vocabulary head on trained rows, then its draft-vocabulary slice
-        logits = trained * (s.vocab + s.draft_vocab) * cfg.target_bytes
+    if cfg.online:  # the draft-vocabulary slice of every position; one chunk's full product
+        logits = (tokens * s.draft_vocab + min(tokens, HEAD_CHUNK) * s.vocab) * cfg.target_bytes
     else:  # the cache's argmax: only the draft vocabulary's rows of the head are applied
         states += s.hidden_indices * tokens * s.hidden * cfg.cache_bytes
-        logits = (trained + s.hidden) * s.draft_vocab * cfg.target_bytes
+        logits = (tokens + s.hidden) * s.draft_vocab * cfg.target_bytes
     return states + logits
 
 
@@ -162,7 +161,7 @@ def attention_step_bytes(s: ModelShapes, cfg: Settings, j: int) -> tuple[int, in
 
 
 def head_row_bytes(s: ModelShapes, cfg: Settings) -> int:
-    """Per trained row and step: final norm, head input, float32 log-probs and teacher probs."""
+    """Per row and step: final norm, head input, float32 log-probs and teacher probs."""
     return s.hidden * (F32 + 2 * cfg.act_bytes) + 2 * s.draft_vocab * F32
 
 
@@ -170,14 +169,13 @@ def step_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
     """What the drafter's forward keeps for backward, summed over the TTT steps, and the largest
     temporary on top of it."""
     tokens = cfg.batch * cfg.length
-    trained = int(tokens * cfg.trained_fraction)
-    rows = [tokens] + [trained] * (s.ttt_steps - 1)
+    rows = [tokens] * s.ttt_steps  # every position of every step (masks select the trained)
     layer = [r * layer_row_bytes(s, cfg) for r in rows]
     attention = [attention_step_bytes(s, cfg, j) for j in range(s.ttt_steps)]
-    head = trained * head_row_bytes(s, cfg)
+    head = tokens * head_row_bytes(s, cfg)
     fuse = tokens * 3 * s.hidden * cfg.act_bytes  # fc input
     transient = max(max(t for _, t in attention),
-                    trained * s.draft_vocab * (cfg.act_bytes + 2 * F32))  # logits, float copy
+                    tokens * s.draft_vocab * (cfg.act_bytes + 2 * F32))  # logits, float copy
     if cfg.checkpointing:  # each step keeps its inputs and its K/V; one step is recomputed
         kv = [2 * cfg.batch * s.kv_heads * cfg.length * s.head_dim * cfg.act_bytes] * s.ttt_steps
         kept_layer = sum(r * s.hidden * cfg.act_bytes * 2 for r in rows) + sum(kv)

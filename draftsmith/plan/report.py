@@ -46,8 +46,7 @@ class PlanReport:
         return verdict(self.plan.peak, self.device.memory)
 
 
-def recipe_settings(recipe, device: Device, processes: int, sharding: str | None,
-                    trained_fraction: float) -> Settings:
+def recipe_settings(recipe, device: Device, processes: int, sharding: str | None) -> Settings:
     """The plan's settings from a recipe on `device` (dtype auto: bf16 on a GPU, float32 on a
     CPU; pass target.dtype=bfloat16 for a CPU with native bf16)."""
     train = recipe.train
@@ -66,8 +65,7 @@ def recipe_settings(recipe, device: Device, processes: int, sharding: str | None
         online=train.features == "online", cache_bytes=_dtype_bytes(cache.get("dtype")),
         # issue 29's recipe option; read so that a plan written before it exists still runs
         checkpointing=bool(getattr(train, "gradient_checkpointing", False)),
-        device=device.kind, attention=default_attention(device.kind),
-        trained_fraction=trained_fraction)
+        device=device.kind, attention=default_attention(device.kind))
 
 
 def _dtype_bytes(name: str | None) -> float:
@@ -77,13 +75,13 @@ def _dtype_bytes(name: str | None) -> float:
 
 
 def plan_recipe(path: str | Path, overrides: list[str] | None = None, gpu: str = "h100-80gb",
-                gpus: int = 1, sharding: str | None = None, trained_fraction: float = 1.0,
+                gpus: int = 1, sharding: str | None = None,
                 target_config: str | None = None) -> PlanReport:
     """The plan of a recipe on `gpus` devices named `gpu`.
 
     Raises:
-        DraftsmithError: an unknown GPU or sharding, a bad fraction, a recipe that does not
-            validate, a target without a local config.
+        DraftsmithError: an unknown GPU or sharding, a recipe that does not validate, a target
+            without a local config.
     """
     from draftsmith.train.recipe import load_recipe
 
@@ -92,11 +90,9 @@ def plan_recipe(path: str | Path, overrides: list[str] | None = None, gpu: str =
         raise DraftsmithError(f"--gpus {gpus}: use 1 or more (ranks on this node and others)")
     if sharding is not None and sharding not in SHARDINGS:
         raise DraftsmithError(f"--sharding {sharding!r}: use one of {', '.join(SHARDINGS)}")
-    if not 0 < trained_fraction <= 1:
-        raise DraftsmithError(f"--trained-fraction {trained_fraction}: use a share in (0, 1]")
     recipe = load_recipe(path, overrides)
     shapes = model_shapes(recipe, target_config)
-    settings = recipe_settings(recipe, device, gpus, sharding, trained_fraction)
+    settings = recipe_settings(recipe, device, gpus, sharding)
     plan = plan_memory(shapes, settings)
     changes = [] if verdict(plan.peak, device.memory) == "fits" else changes_that_fit(
         shapes, settings, device.memory, recipe.train.grad_accum)
@@ -131,8 +127,7 @@ def format_report(report: PlanReport) -> str:
         f"{'bf16' if cfg.target_bytes == 2 else 'float32'} (config: {s.config_source})",
         f"drafter: {s.drafter_trainable / 1e6:.1f}M trained + {s.drafter_frozen / 1e6:.1f}M "
         f"frozen parameters (counted on the meta device); batch {cfg.batch} x {cfg.length} "
-        f"tokens, {s.ttt_steps} TTT steps, {precision}, features {features}, "
-        f"{cfg.trained_fraction:.0%} of positions trained",
+        f"tokens, {s.ttt_steps} TTT steps, {precision}, features {features}",
         "memory per rank (GB):",
     ]
     width = max(len(t.name) for t in plan.terms) + 2
