@@ -8,9 +8,9 @@ reads from the safetensors files only the rows of each tensor that its shard hol
 its device: no rank ever holds the whole target. A tied output head is untied into its own
 (sharded) copy first. With one root every unit shares its all-gather streams, and each unit's
 pre-forward starts the next one's all-gather (explicit forward prefetch), so a layer's weights
-arrive while the layer before it computes instead of after. Offline training (features from the hidden-state cache)
-reads only the input embeddings and the output head (the cached last hidden state is already
-normalised); the rest of the model stays on `meta`.
+arrive while the layer before it computes instead of after. Offline training (features from the
+hidden-state cache) reads only the input embeddings and the output head (the cached last hidden
+state is already normalised); the rest of the model stays on `meta`.
 
 Weights are read from the checkpoint under the model's own parameter names (`model.` prefixes as
 transformers saves them); a checkpoint that stores them otherwise (a GGUF file, a renamed layout)
