@@ -3,8 +3,9 @@ the quickstart's shapes, for the loss code at two checkouts, alternated kind by 
 benchmark, not a test).
 
     git worktree add /tmp/before <commit before the change>
+    git worktree add /tmp/after <commit of the change>
     flock /tmp/draftsmith-bench.lock .venv/bin/python \\
-        benchmarks/train_step/bench_models_host_reads.py --before /tmp/before \\
+        benchmarks/train_step/bench_models_host_reads.py --before /tmp/before --after /tmp/after \\
         --out benchmarks/train_step/models-host-reads.json
 
 Each measurement runs in a fresh process whose `draftsmith` is the checkout's (PYTHONPATH). The
@@ -12,8 +13,10 @@ target is SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 
 random weights; its features are random tensors of that shape (the target's own forward is not
 timed). Batch 8 x 512 as recipes/smollm2-135m/eagle3.yaml, right-padded rows of 256..512 real
 tokens whose first 32..128 (the prompt) are not trained. Drafter settings are the smollm2-135m
-recipes'. The first step (counted under a dispatch mode that counts `_local_scalar_dense`,
-`nonzero`, `masked_select` and boolean-mask indexing) is a warm-up; the next `--steps` are timed.
+recipes'. A first step on one sequence, under a dispatch mode that counts `_local_scalar_dense`,
+`nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and the read count; the
+next `--steps` of the full batch are timed, in wall seconds and in the process's CPU seconds
+(both threads), the latter steadier on a machine that others load too.
 """
 
 from __future__ import annotations
@@ -83,73 +86,80 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
     drafter.init_from_target(target)
     drafter.train()
     gen = torch.Generator().manual_seed(1)
-    lengths = torch.randint(256, LENGTH + 1, (BATCH,), generator=gen)
-    prompts = torch.randint(32, 129, (BATCH,), generator=gen)
-    index = torch.arange(LENGTH)[None]
-    attention_mask = (index < lengths[:, None]).long()
-    loss_mask = attention_mask * (index >= prompts[:, None])
-    input_ids = torch.randint(2, 8192, (BATCH, LENGTH), generator=gen) * attention_mask
     layers = spec.aux_layers(config.num_hidden_layers, settings)
 
-    def hidden():
-        return (torch.randn(BATCH, LENGTH, config.hidden_size, generator=gen)).to(feature_dtype)
+    def batch(size):
+        lengths = torch.randint(256, LENGTH + 1, (size,), generator=gen)
+        prompts = torch.randint(32, 129, (size,), generator=gen)
+        index = torch.arange(LENGTH)[None]
+        attention_mask = (index < lengths[:, None]).long()
+        loss_mask = attention_mask * (index >= prompts[:, None])
+        input_ids = torch.randint(2, 8192, (size, LENGTH), generator=gen) * attention_mask
 
-    features = [Features(input_ids, attention_mask, loss_mask, hidden(),
-                         [hidden() for _ in layers], head) for _ in range(steps + 1)]
+        def hidden():
+            return torch.randn(size, LENGTH, config.hidden_size, generator=gen).to(feature_dtype)
 
-    def step(batch):
+        return Features(input_ids, attention_mask, loss_mask, hidden(),
+                        [hidden() for _ in layers], head)
+
+    def step(features):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = spec.loss(drafter, batch)
+            loss, _ = spec.loss(drafter, features)
         loss.backward()
         drafter.zero_grad(set_to_none=True)
 
     reads = _reads_mode()
-    with reads:
-        step(features[0])
-    start = time.perf_counter()
-    for batch in features[1:]:
-        step(batch)
-    return {"seconds_per_step": (time.perf_counter() - start) / steps,
+    with reads:  # the count, and the warm-up, on one sequence
+        step(batch(1))
+    batches = [batch(BATCH) for _ in range(steps)]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for features in batches:
+        step(features)
+    return {"seconds_per_step": (time.perf_counter() - wall) / steps,
+            "cpu_seconds_per_step": (time.process_time() - cpu) / steps,
             "host_reads": sum(reads.counts.values()), "reads_by_op": dict(reads.counts)}
 
 
 def run(checkout: Path, kind: str, dtype: str, steps: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run([sys.executable, __file__, "--worker", kind, dtype, str(steps)],
+    script = str(Path(__file__).resolve())
+    out = subprocess.run([sys.executable, script, "--worker", kind, dtype, str(steps)],
                          env=env, check=True, capture_output=True, text=True, cwd=checkout)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=Path, required=True, help="checkout of the old code")
+    parser.add_argument("--before", type=Path, help="checkout of the old code (required)")
     parser.add_argument("--after", type=Path, default=Path.cwd())
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--kinds", nargs="*", default=list(KINDS))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
+    parser.add_argument("--out", type=Path, help="the JSON written (required)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         kind, dtype, steps = args.worker
         print(json.dumps(worker(kind, dtype, int(steps))))
         return
-    rows = []
-    for kind in args.kinds:
-        for dtype in ("fp32", "bf16"):
-            before = run(args.before.resolve(), kind, dtype, args.steps)
-            after = run(args.after.resolve(), kind, dtype, args.steps)
-            rows.append({"kind": kind, "dtype": dtype, "before": before, "after": after})
-            print(kind, dtype, f"{before['seconds_per_step']:.2f} -> "
-                  f"{after['seconds_per_step']:.2f} s/step, reads {before['host_reads']} -> "
-                  f"{after['host_reads']}", flush=True)
+    if args.before is None or args.out is None:
+        parser.error("--before and --out are required")
     commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()
                for name, path in (("before", args.before), ("after", args.after))}
-    import torch
     record = {"batch": BATCH, "length": LENGTH, "target_shape": SHAPE, "settings": KINDS,
-              "steps": args.steps, "commits": commits, "torch_threads": torch.get_num_threads(),
-              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores", "rows": rows}
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+              "steps": args.steps, "commits": commits,
+              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores", "rows": []}
+    for dtype in args.dtypes:
+        for kind in args.kinds:
+            before = run(args.before.resolve(), kind, dtype, args.steps)
+            after = run(args.after.resolve(), kind, dtype, args.steps)
+            record["rows"].append({"kind": kind, "dtype": dtype, "before": before,
+                                   "after": after})
+            args.out.write_text(json.dumps(record, indent=2) + "\n")  # each row as it lands
+            print(kind, dtype, f"{before['cpu_seconds_per_step']:.1f} -> "
+                  f"{after['cpu_seconds_per_step']:.1f} CPU s/step, reads "
+                  f"{before['host_reads']} -> {after['host_reads']}", flush=True)
 
 
 if __name__ == "__main__":
