@@ -1,7 +1,8 @@
 """EAGLE-3's training-time test against a plain step-by-step reference: position by position,
 step j attends to step 0's keys up to its own position and to its own position in steps 1..j.
-And the packed loss (row-wise work on the rows each step needs) against the whole padded batch
-run through every step, the code path it replaced: same loss, metrics and gradients."""
+And the loss (mask-free TTT attention, rows selected by masks) against dense-mask SDPA with the
+trained rows picked by boolean indexing: same loss, metrics and gradients. `ttt_rows` (the rows
+P-EAGLE's packed steps compute) is checked on its own."""
 
 from __future__ import annotations
 
@@ -107,8 +108,9 @@ def test_ttt_masks_shape_and_pattern():
 
 
 def dense_ttt_loss(drafter, input_ids, attention_mask, loss_mask, aux_hidden, features):
-    """EAGLE-3's loss with every TTT step run on the whole padded (B, T) batch: the code path
-    the packed one replaced, kept here as its reference."""
+    """EAGLE-3's loss with every TTT step run through SDPA with the dense `ttt_masks` on the whole
+    padded (B, T) batch and the trained rows picked by boolean indexing: the reference of the
+    mask-free attention and the mask-selected rows."""
     b, t = input_ids.shape
     positions = torch.arange(t)[None].expand(b, t)
     index = torch.arange(t)[None]
@@ -151,7 +153,7 @@ def _padded_batch(t=24):
 
 
 @pytest.mark.parametrize("steps", [1, 3, 5])
-def test_packed_ttt_loss_equals_the_whole_batch_path(steps):
+def test_ttt_loss_equals_the_dense_mask_and_boolean_rows_path(steps):
     target = tiny_target("qwen2")
     target.lm_head.weight.data *= 10
     torch.manual_seed(0)
