@@ -13,7 +13,7 @@ target is SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 
 random weights; its features are random tensors of that shape (the target's own forward is not
 timed). Batch 8 x 512 as recipes/smollm2-135m/eagle3.yaml, right-padded rows of 256..512 real
 tokens whose first 32..128 (the prompt) are not trained. Drafter settings are the smollm2-135m
-recipes'. A first step on one sequence, under a dispatch mode that counts `_local_scalar_dense`,
+recipes' (recipes/smollm2-135m/<kind>.yaml; Medusa's is medusa1.yaml). A first step on one sequence, under a dispatch mode that counts `_local_scalar_dense`,
 `nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and the read count; the
 next `--steps` of the full batch are timed, in wall seconds and in the process's CPU seconds
 (both threads), the latter steadier on a machine that others load too.
@@ -30,9 +30,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-KINDS = {"eagle1": {}, "eagle3": {"draft_vocab_size": 8192, "ttt_steps": 5},
-         "medusa": {"num_heads": 3}, "mtp": {"num_modules": 2},
-         "dflash": {"draft_vocab_size": 8192}, "dspark": {}}
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m"
+KINDS = {"eagle1": "eagle1", "eagle3": "eagle3", "medusa": "medusa1", "mtp": "mtp",
+         "dflash": "dflash", "dspark": "dspark"}  # kind -> its recipe's drafter settings
 SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
          "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
          "max_position_embeddings": 8192, "tie_word_embeddings": True}
@@ -62,6 +62,14 @@ def _reads_mode():
     return Reads()
 
 
+def recipe_settings(kind: str) -> dict:
+    """The drafter section of the kind's smollm2-135m recipe, without `kind`."""
+    import yaml
+
+    drafter = yaml.safe_load((RECIPES / f"{KINDS[kind]}.yaml").read_text())["drafter"]
+    return {key: value for key, value in drafter.items() if key != "kind"}
+
+
 def worker(kind: str, dtype_name: str, steps: int) -> dict:
     """One kind at one precision in this process's `draftsmith`."""
     import torch
@@ -74,7 +82,7 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPE)
     spec = get_spec(kind)
-    settings = spec.make_config(KINDS[kind])
+    settings = spec.make_config(recipe_settings(kind))
     bf16 = dtype_name == "bf16"
     feature_dtype = torch.bfloat16 if bf16 else torch.float32
     embed = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -147,7 +155,8 @@ def main() -> None:
     commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()
                for name, path in (("before", args.before), ("after", args.after))}
-    record = {"batch": BATCH, "length": LENGTH, "target_shape": SHAPE, "settings": KINDS,
+    record = {"batch": BATCH, "length": LENGTH, "target_shape": SHAPE,
+              "settings": {kind: recipe_settings(kind) for kind in args.kinds},
               "steps": args.steps, "commits": commits,
               "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores", "rows": []}
     for dtype in args.dtypes:
