@@ -119,13 +119,15 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
     reads = _reads_mode()
     with reads:  # the count, and the warm-up, on one sequence
         step(batch(1))
+    counted = {"host_reads": sum(reads.counts.values()), "reads_by_op": dict(reads.counts)}
+    if steps == 0:  # --count-only
+        return counted
     batches = [batch(BATCH) for _ in range(steps)]
     wall, cpu = time.perf_counter(), time.process_time()
     for features in batches:
         step(features)
     return {"seconds_per_step": (time.perf_counter() - wall) / steps,
-            "cpu_seconds_per_step": (time.process_time() - cpu) / steps,
-            "host_reads": sum(reads.counts.values()), "reads_by_op": dict(reads.counts)}
+            "cpu_seconds_per_step": (time.process_time() - cpu) / steps, **counted}
 
 
 def run(checkout: Path, kind: str, dtype: str, steps: int) -> dict:
@@ -140,7 +142,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="checkout of the old code (required)")
     parser.add_argument("--after", type=Path, default=Path.cwd())
-    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1,
+                        help="timed steps per measurement; 0 counts the reads only (no lock "
+                        "needed: nothing is timed)")
     parser.add_argument("--kinds", nargs="*", default=list(KINDS))
     parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
     parser.add_argument("--out", type=Path, help="the JSON written (required)")
@@ -166,8 +170,8 @@ def main() -> None:
             record["rows"].append({"kind": kind, "dtype": dtype, "before": before,
                                    "after": after})
             args.out.write_text(json.dumps(record, indent=2) + "\n")  # each row as it lands
-            print(kind, dtype, f"{before['cpu_seconds_per_step']:.1f} -> "
-                  f"{after['cpu_seconds_per_step']:.1f} CPU s/step, reads "
+            print(kind, dtype, f"{before.get('cpu_seconds_per_step')} -> "
+                  f"{after.get('cpu_seconds_per_step')} CPU s/step, reads "
                   f"{before['host_reads']} -> {after['host_reads']}", flush=True)
 
 
