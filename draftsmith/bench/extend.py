@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.results import TrainingRecord
 from draftsmith.files import write_json
 from draftsmith.train.budget import budget_extendable
 from draftsmith.train.checkpoint import complete_checkpoints
@@ -61,20 +62,21 @@ def resolve_extensions(entries: list, path, budget_minutes: float) -> None:
         seen[entry.label] = entry
 
 
-def extension_recipe(base: dict, folder: Path, budget_minutes: float, ceiling_factor: int) -> dict:
+def extension_recipe(base: TrainingRecord, folder: Path, budget_minutes: float,
+                     ceiling_factor: int) -> dict:
     """BASE's recipe (as it trained) for the extension: its own folder and budget, and a step
     ceiling raised (to `ceiling_factor` x the estimate) only when the budget could need more steps
     at BASE's measured pace."""
-    raw = yaml.safe_load(Path(base["recipe"]).read_text())
+    raw = yaml.safe_load(Path(base.recipe).read_text())
     train = raw["train"]
     train.update(output_dir=str(folder), max_minutes=budget_minutes)
-    needed = math.ceil(budget_minutes * 60 / base["seconds_per_step"])
+    needed = math.ceil(budget_minutes * 60 / base.seconds_per_step)
     if needed > train["max_steps"]:
         train["max_steps"] = ceiling_factor * needed
     return raw
 
 
-def seed_extension(base: dict, base_folder: Path, folder: Path, raw: dict, label: str,
+def seed_extension(base: TrainingRecord, base_folder: Path, folder: Path, raw: dict, label: str,
                    log=print) -> None:
     """Start the extension's folder from BASE's newest checkpoint written before its decay (the
     checkpoint, its metrics rows up to that step, and its minutes as the first attempt); a folder
@@ -89,10 +91,10 @@ def seed_extension(base: dict, base_folder: Path, folder: Path, raw: dict, label
     kept = complete_checkpoints(base_folder)
     if not kept:
         raise DraftsmithError(
-            f"kinds.{label} extends {base['label']}, but {base['label']}'s run keeps no complete "
+            f"kinds.{label} extends {base.label}, but {base.label}'s run keeps no complete "
             f"checkpoint ({base_folder / 'checkpoints'} is missing or empty: deleted after it "
             "trained?), and an extension resumes that run from one written before its decay. "
-            f"Delete {base_folder} so that the benchmark trains {base['label']} again (its "
+            f"Delete {base_folder} so that the benchmark trains {base.label} again (its "
             f"checkpoints kept), or train {label} as a drafter of its own")
     chosen = None
     for checkpoint in reversed(kept):
@@ -102,13 +104,13 @@ def seed_extension(base: dict, base_folder: Path, folder: Path, raw: dict, label
             break
     if chosen is None:
         raise DraftsmithError(
-            f"kinds.{label} extends {base['label']}, but none of the checkpoints it kept "
+            f"kinds.{label} extends {base.label}, but none of the checkpoints it kept "
             f"({base_folder / 'checkpoints'}) was written before its learning rate began to "
             "decay, so no longer run shares its rates; train it as a drafter of its own, or "
-            f"retrain {base['label']} with train.keep_checkpoints: 0 (all kept)")
+            f"retrain {base.label} with train.keep_checkpoints: 0 (all kept)")
     checkpoint, progress = chosen
     step = progress["step"]
-    log(f"{label}: from {base['label']}'s step-{step} checkpoint (before its decay), "
+    log(f"{label}: from {base.label}'s step-{step} checkpoint (before its decay), "
         f"{progress['budget']['spent_seconds'] / 60:.1f} minutes in, to "
         f"{raw['train']['max_minutes']:g} minutes in all")
     staging = folder / "checkpoints" / f"step_{step}.partial"
@@ -118,6 +120,6 @@ def seed_extension(base: dict, base_folder: Path, folder: Path, raw: dict, label
     (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for _, row in rows
                                                   if row["step"] <= step))
     write_json(folder / "attempts.json", [progress["budget"]["spent_seconds"]])
-    write_json(folder / "extends.json", {"label": base["label"], "step": step,
+    write_json(folder / "extends.json", {"label": base.label, "step": step,
                                          "minutes": progress["budget"]["spent_seconds"] / 60})
     staging.rename(folder / "checkpoints" / f"step_{step}")

@@ -35,6 +35,7 @@ from draftsmith.eval.results import (
     BenchResults,
     EvalResults,
     Summary,
+    TrainingRecord,
     read_bench_results,
     write_bench_results,
 )
@@ -111,28 +112,28 @@ def method_table(bench: BenchResults, summary: Summary, greedy: bool) -> list[st
     return lines
 
 
-def shared_head(record: dict) -> bool:
+def shared_head(record: TrainingRecord) -> bool:
     """Whether a Medusa drafter's heads used the target's own output layer (`shared_head`), from
     its budget record or, for older records, the recipe it trained with."""
-    if "shared_head" in record:
-        return bool(record["shared_head"])
-    recipe = Path(record.get("recipe") or "")
-    if record.get("kind") != "medusa" or not recipe.is_file():
+    if record.shared_head is not None:
+        return record.shared_head
+    recipe = Path(record.recipe)
+    if record.kind != "medusa" or not recipe.is_file():
         return False
     return bool((yaml.safe_load(recipe.read_text()).get("drafter") or {}).get("shared_head"))
 
 
-def _own_data(records: dict) -> bool:
+def _own_data(records: dict[str, TrainingRecord]) -> bool:
     """Some drafters trained on data of their own (a data-scaling run); a record written before
     records named their data counts as the shared data's."""
-    return len({r["data"]["folder"] for r in records.values()
-                if (r.get("data") or {}).get("folder")}) > 1
+    return len({r.data["folder"] for r in records.values()
+                if (r.data or {}).get("folder")}) > 1
 
 
 def _steps_note(bench: BenchResults) -> str:
     """How the run's steps were set: by the training's own planner (`train.max_minutes`, records
     since it) or by a calibration's fixed count (older records)."""
-    if all("calibrated_seconds_per_step" in rec for rec in bench.training.values()):
+    if all(rec.calibrated_seconds_per_step is not None for rec in bench.training.values()):
         return ("Steps = what each run's own planner (`train.max_minutes`) fitted in the budget "
                 "at the pace it measured; s/step = measured over the run")
     return "Steps = budget / the calibrated seconds per step"
@@ -140,38 +141,37 @@ def _steps_note(bench: BenchResults) -> str:
 
 def _budgets(bench: BenchResults) -> str:
     """The drafters' wall-clock budgets: the benchmark's, or each one's where they differ."""
-    budgets = sorted({rec.get("budget_minutes", bench.config["budget_minutes"])
-                      for rec in bench.training.values()} or {bench.config["budget_minutes"]})
+    budgets = sorted({rec.budget_minutes for rec in bench.training.values()}
+                     or {bench.config["budget_minutes"]})
     return " / ".join(f"{b:g}" for b in budgets)
 
 
 def _training_table(bench: BenchResults) -> list[str]:
     records = bench.training
     own_data = _own_data(records)  # then the conversations each trained on
-    seen_only = not own_data and any(r.get("tokens_seen") for r in records.values())
+    seen_only = not own_data and any(r.tokens_seen for r in records.values())
     lines = ["| drafter | kind | trained params | features | "
              + ("conversations | tokens | tokens seen (epochs) | " if own_data else
                 "tokens seen (epochs) | " if seen_only else "")
              + "steps | batch | s/step | tokens/s | train minutes | held-out acc@1 | acc@2 | acc@3 | "
              "simulated tau |", "|" + "---|" * (13 + (3 if own_data else seen_only))]
     for label, rec in records.items():
-        held = rec.get("held_out", {})
-        data = rec.get("data") or {}
-        seen = rec.get("tokens_seen")
+        held, data, seen = rec.held_out, rec.data or {}, rec.tokens_seen
         epochs = f" ({seen / data['tokens']:.2f})" if seen and data.get("tokens") else ""
         regenerated = (f" ({data['regenerated']:,} answered by the target)"
                        if data.get("regenerated") else "")
         columns = [_fmt(data.get("conversations"), ",d") + regenerated, _fmt(data.get("tokens"), ",d"),
                    _fmt(seen, ",d") + epochs] if own_data else \
             [_fmt(seen, ",d") + epochs] if seen_only else []
-        extends = rec.get("extends")
+        extends = rec.extends
         lines.append("| " + " | ".join([
             label + (f" ({extends['label']} trained on from its step {extends['step']:,})"
-                     if extends else ""), rec["kind"] + (" + LoRA" if rec.get("lora") else "")
+                     if extends else ""), rec.kind + (" + LoRA" if rec.lora else "")
             + (" (heads share the target's frozen output layer)" if shared_head(rec) else ""),
-            _fmt((rec.get("trainable_params") or 0) / 1e6, ".1f") + "M", rec["features"],
-            *columns, str(rec["steps"]), str(rec["batch_size"]), _fmt(rec["seconds_per_step"]),
-            _fmt(rec.get("tokens_per_second"), ".0f"), _fmt(rec["train_minutes"], ".1f"), _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
+            _fmt((rec.trainable_params or 0) / 1e6, ".1f") + "M", rec.features,
+            *columns, str(rec.steps), str(rec.batch_size), _fmt(rec.seconds_per_step),
+            _fmt(rec.tokens_per_second, ".0f"), _fmt(rec.train_minutes, ".1f"),
+            _fmt(held.get("acc_0")), _fmt(held.get("acc_1")),
             _fmt(held.get("acc_2")), _fmt(held.get("simulated_tau"))]) + " |")
     return lines
 
@@ -289,7 +289,8 @@ def summary_section(benches: list[BenchResults | dict]) -> list[str]:
                   f"{run.machine.get('dtype') or cfg.get('dtype', '?')}"
         for method in summary.get("all", {}):
             parsed = Method.parse(method)
-            kind = (bench.training.get(parsed.label) or {}).get("kind")
+            record = bench.training.get(parsed.label)
+            kind = record.kind if record else None
             speedup = set_mean(summary, method, "speedup")
             if kind not in DRAFTERS or speedup is None:
                 continue

@@ -149,7 +149,7 @@ def ordering(bench: BenchResults) -> list[str]:
         rec = facts.get(Method.parse(method).label)
         if not rec:
             return names.get(method, method)
-        held = rec.get("held_out", {})
+        held = rec.held_out
         if method in trees:
             shape = (f"autotuned tree depth {trees[method]['depth']} x "
                      f"{trees[method]['total_tokens']} tokens")
@@ -157,8 +157,8 @@ def ordering(bench: BenchResults) -> list[str]:
             shape = {"drafter_static": "13-node static tree",
                      "drafter_chain": f"{bench.config['eval']['num_draft_tokens']}-token chain"
                      }.get(Method.parse(method).base, "its default tree")
-        return (f"{names.get(method, method)}: {rec['steps']} steps at "
-                f"{rec['seconds_per_step']:.2f} s/step, held-out acc@1 {_fmt(held.get('acc_0'))}, "
+        return (f"{names.get(method, method)}: {rec.steps} steps at "
+                f"{rec.seconds_per_step:.2f} s/step, held-out acc@1 {_fmt(held.get('acc_0'))}, "
                 f"eval acc@1 {_fmt(depth_rates(summary, method)[0])}, {shape}")
 
     for i, high in enumerate(order):

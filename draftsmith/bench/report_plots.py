@@ -63,7 +63,7 @@ def write_plots(bench: BenchResults, folder: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for label, curve in bench.curves.items():
             rec = bench.training[label]
-            points = [(r["step"] * rec["seconds_per_step"] / 60, r["eval/acc_0"])
+            points = [(r["step"] * rec.seconds_per_step / 60, r["eval/acc_0"])
                       for r in curve if r.get("eval/acc_0") is not None]
             if points:
                 ax.plot(*zip(*points, strict=False), marker="o", label=label)
@@ -105,7 +105,7 @@ def scaling_points(bench: BenchResults) -> dict | None:
     None when the drafters share their data, trained on as many conversations each (nothing to
     plot against) or there is no greedy evaluation."""
     training = bench.training
-    folders = {(r.get("data") or {}).get("folder") for r in training.values()}
+    folders = {(r.data or {}).get("folder") for r in training.values()}
     summary = bench.greedy.summary if bench.greedy else None
     if len(folders) < 2 or not summary:
         return None
@@ -120,12 +120,12 @@ def scaling_points(bench: BenchResults) -> dict | None:
         values = {"tau": set_mean(summary, method, "tau"),
                   "speedup": set_mean(summary, method, "speedup")}
         record = training.get(label)
-        if base == "drafter_dynamic" and record and (record.get("data") or {}).get("conversations"):
-            length = record.get("max_length")
-            drafters.setdefault((record["budget_minutes"], None if length == own_length
-                                 else length, record["data"].get("regenerated") or None),
-                                []).append(
-                {"conversations": record["data"]["conversations"], **values})
+        if base == "drafter_dynamic" and record and (record.data or {}).get("conversations"):
+            length = record.max_length
+            drafters.setdefault((record.budget_minutes, None if length == own_length
+                                 else length, record.data.get("regenerated") or None),
+                                []).append({"conversations": record.data["conversations"],
+                                            **values})
         elif values["tau"] is not None:
             baselines[names.get(method, method)] = values
     for points in drafters.values():

@@ -38,8 +38,11 @@ from draftsmith.eval.methods import Method
 from draftsmith.eval.results import (
     BenchResults,
     EvalResults,
+    TrainingRecord,
     read_eval_results,
+    read_training_record,
     write_bench_results,
+    write_training_record,
 )
 from draftsmith.files import write_json
 from draftsmith.train.budget import steps_for_budget
@@ -128,14 +131,15 @@ def trainable_params(drafter_dir: Path, kind: str) -> int:
     return total
 
 
-def read_record(folder: Path) -> dict:
+def read_record(folder: Path) -> TrainingRecord:
     """A finished drafter's budget record (older records get their parameter count here)."""
-    record = json.loads((folder / "budget.json").read_text())
-    record.setdefault("trainable_params", trainable_params(folder / "drafter", record["kind"]))
+    record = read_training_record(folder / "budget.json")
+    if record.trainable_params is None:
+        record.trainable_params = trainable_params(folder / "drafter", record.kind)
     return record
 
 
-def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
+def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> TrainingRecord:
     """Calibrate, then train one drafter for the budget; returns its budget record."""
     out = Path(config.out_dir)
     folder = out / "train" / entry.label
@@ -147,7 +151,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
         budget = entry.budget_minutes or config.budget_minutes
         raw = extension_recipe(base, folder, budget, CEILING_FACTOR)
         seed_extension(base, out / "train" / entry.extends, folder, raw, entry.label, log)
-        return _train_and_record(config, entry, raw, base["calibrated_seconds_per_step"], budget,
+        return _train_and_record(config, entry, raw, base.calibrated_seconds_per_step, budget,
                                  log)
     if entry.data:  # its own data (resumes; the shared one is the data stage's)
         prepare_data(config, log, entry)
@@ -177,7 +181,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> dict:
 
 
 def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step: float,
-                      budget: float, log) -> dict:
+                      budget: float, log) -> TrainingRecord:
     """Train one drafter with its recipe (resuming what is there); returns its budget record."""
     out = Path(config.out_dir)
     folder = out / "train" / entry.label
@@ -196,26 +200,26 @@ def _train_and_record(config: BenchConfig, entry: KindEntry, raw: dict, per_step
     trained = [r for r in rows if "loss" in r]
     steps = trained[-1]["step"] if trained else 0
     final = [r for r in rows if r.get("step") == steps and any(k.startswith("eval/") for k in r)]
-    record = {
-        "label": entry.label, "kind": raw["drafter"]["kind"], "steps": steps,
-        "seconds_per_step": run_seconds_per_step(rows) or per_step,
-        "calibrated_seconds_per_step": per_step, "budget_minutes": budget,
-        "data": _data_record(data_folder(config, entry)),
-        "tokens_per_second": tokens_per_second(rows),
-        "tokens_seen": sum(r.get("tokens", 0) for r in rows if "loss" in r),
-        "max_length": raw["train"].get("max_length"),
-        "train_minutes": _train_seconds(folder, attempts) / 60, "batch_size": raw["train"]["batch_size"],
-        "features": raw["train"].get("features", "online"),
-        "lora": bool(raw["drafter"].get("lora")),
-        "shared_head": bool(raw["drafter"].get("shared_head")),
-        "trainable_params": trainable_params(folder / "drafter", raw["drafter"]["kind"]),
-        "held_out": {k[5:]: v for k, v in (final[-1] if final else {}).items()
-                     if k.startswith("eval/")},
-        "recipe": str(out / "recipes" / f"{entry.label}.yaml"),
-    }
+    record = TrainingRecord(
+        label=entry.label, kind=raw["drafter"]["kind"], steps=steps,
+        seconds_per_step=run_seconds_per_step(rows) or per_step,
+        calibrated_seconds_per_step=per_step, budget_minutes=budget,
+        data=_data_record(data_folder(config, entry)),
+        tokens_per_second=tokens_per_second(rows),
+        tokens_seen=sum(r.get("tokens", 0) for r in rows if "loss" in r),
+        max_length=raw["train"].get("max_length"),
+        train_minutes=_train_seconds(folder, attempts) / 60, batch_size=raw["train"]["batch_size"],
+        features=raw["train"].get("features", "online"),
+        lora=bool(raw["drafter"].get("lora")),
+        shared_head=bool(raw["drafter"].get("shared_head")),
+        trainable_params=trainable_params(folder / "drafter", raw["drafter"]["kind"]),
+        held_out={k[5:]: v for k, v in (final[-1] if final else {}).items()
+                  if k.startswith("eval/")},
+        recipe=str(out / "recipes" / f"{entry.label}.yaml"),
+    )
     if (folder / "extends.json").is_file():
-        record["extends"] = json.loads((folder / "extends.json").read_text())
-    write_json(record_path, record)
+        record.extends = json.loads((folder / "extends.json").read_text())
+    write_training_record(record_path, record)
     return record
 
 

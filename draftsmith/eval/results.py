@@ -1,6 +1,7 @@
 """The results files as types, each with a schema version and one reader: `eval.json`
 (`EvalResults`, written by `draftsmith eval`) and `bench.json` (`BenchResults`, written by
-`draftsmith bench`; its evaluation runs are `EvalResults` without their per-turn records).
+`draftsmith bench`; its evaluation runs are `EvalResults` without their per-turn records, its
+drafters' trainings `TrainingRecord`s, each also its run folder's `train/LABEL/budget.json`).
 
 The benchmark, its report and its plots read results only through `read_eval_results` /
 `read_bench_results`. A file written before the schema had a version is read when its fields
@@ -98,12 +99,69 @@ class EvalResults:
 
 
 @dataclass
+class TrainingRecord:
+    """One drafter's training in a benchmark (`train/LABEL/budget.json`; bench.json's `training`).
+    Fields a record from an earlier version lacks are None.
+
+    Attributes:
+        label, kind: the drafter's name in the benchmark and its kind.
+        steps: optimizer steps trained; seconds_per_step: measured over the run.
+        budget_minutes: its wall-clock budget; train_minutes: what it spent.
+        batch_size, features, max_length: its training settings (features: online or offline).
+        held_out: the final held-out evaluation (`acc_0`, ..., `simulated_tau`).
+        recipe: the recipe file it trained with.
+        lora: a Medusa-2 LoRA adapter trained with it; shared_head: Medusa heads on the target's
+            output layer (None: not recorded; the recipe says).
+        trainable_params: parameters trained (None: count them from the drafter's files).
+        tokens_per_second, tokens_seen: real tokens trained per wall second, and in all.
+        calibrated_seconds_per_step: the calibration's estimate (None: an older record, whose
+            steps the calibration fixed).
+        data: what it trained on (folder, conversations, tokens, regenerated, cached).
+        extends: the run it trained on from (`kinds.LABEL.extends`): label, step, minutes.
+    """
+
+    label: str
+    kind: str
+    steps: int
+    seconds_per_step: float
+    budget_minutes: float
+    train_minutes: float
+    batch_size: int
+    features: str
+    held_out: dict[str, float]
+    recipe: str
+    lora: bool = False
+    shared_head: bool | None = None
+    trainable_params: int | None = None
+    tokens_per_second: float | None = None
+    tokens_seen: int | None = None
+    max_length: int | None = None
+    calibrated_seconds_per_step: float | None = None
+    data: dict | None = None
+    extends: dict | None = None
+
+    def to_dict(self) -> dict:
+        """The JSON object budget.json holds (fields not recorded left out)."""
+        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)
+                if getattr(self, item.name) is not None}
+
+    @classmethod
+    def from_dict(cls, raw, source: str, fix: str = BENCH_FIX) -> TrainingRecord:
+        """A TrainingRecord from a decoded budget.json (`source` names it in errors).
+
+        Raises:
+            DraftsmithError: not an object, unknown or missing keys, a value of the wrong type.
+        """
+        return cls(**_checked_fields(cls, raw, source, None, "training record", fix))
+
+
+@dataclass
 class BenchResults:
     """What one `draftsmith bench` run measured (bench.json).
 
     Attributes:
         config: the benchmark config as recorded (`BenchConfig` with its eval section's record).
-        training: per drafter label, its budget record (steps, pace, data, held-out accuracy).
+        training: per drafter label, its training (`TrainingRecord`).
         eval: per temperature (`f"{t:g}"`, "0" greedy), that evaluation run.
         passes: per `eval.passes` name, that greedy run.
         data: the shared data step's summary.json (None before the data stage ran).
@@ -113,7 +171,7 @@ class BenchResults:
     """
 
     config: dict
-    training: dict[str, dict]
+    training: dict[str, TrainingRecord]
     eval: dict[str, EvalResults]
     passes: dict[str, EvalResults] = field(default_factory=dict)
     data: dict | None = None
@@ -129,8 +187,8 @@ class BenchResults:
     def to_dict(self) -> dict:
         """The JSON object bench.json holds."""
         out = _to_dict(self)
-        for part in ("eval", "passes"):
-            out[part] = {name: run.to_dict() for name, run in out[part].items()}
+        for part in ("training", "eval", "passes"):
+            out[part] = {name: value.to_dict() for name, value in out[part].items()}
         return out
 
     @classmethod
@@ -141,6 +199,9 @@ class BenchResults:
             DraftsmithError: as `EvalResults.from_dict`, for the file or any run in it.
         """
         values = _checked_fields(cls, raw, source, BENCH_SCHEMA, "bench.json", BENCH_FIX)
+        values["training"] = {label: TrainingRecord.from_dict(record, f"{source} (training."
+                                                              f"{label})")
+                              for label, record in values["training"].items()}
         for part in ("eval", "passes"):
             values[part] = {name: EvalResults.from_dict(run, f"{source} ({part}.{name})",
                                                         BENCH_FIX)
@@ -162,6 +223,17 @@ def read_eval_results(path: str | Path) -> EvalResults:
 def read_bench_results(path: str | Path) -> BenchResults:
     """The bench.json at `path`, checked (see `BenchResults.from_dict`)."""
     return BenchResults.from_dict(_load(Path(path), "bench.json", BENCH_FIX), str(path))
+
+
+def read_training_record(path: str | Path) -> TrainingRecord:
+    """A drafter's `train/LABEL/budget.json`, checked (see `TrainingRecord.from_dict`)."""
+    fix = "delete it and run the benchmark's train stage again (it trains nothing finished)"
+    return TrainingRecord.from_dict(_load(Path(path), "training record", fix), str(path), fix)
+
+
+def write_training_record(path: str | Path, record: TrainingRecord) -> Path:
+    """Write a drafter's budget.json (atomically); returns its path."""
+    return write_json(path, record.to_dict())
 
 
 def write_eval_results(path: str | Path, results: EvalResults) -> Path:
@@ -204,12 +276,13 @@ def _refuse(source: str, what: str, problem: str, fix: str) -> typing.NoReturn:
                           f"{fix}")
 
 
-def _checked_fields(cls, raw, source: str, schema: int, what: str, fix: str) -> dict:
+def _checked_fields(cls, raw, source: str, schema: int | None, what: str, fix: str) -> dict:
     """`raw`'s fields for `cls`: its schema version (absent: a file from before versions, read
-    when its fields are this schema's), its keys and each value's type checked."""
+    when its fields are this schema's; `schema` None: a part without a version of its own), its
+    keys and each value's type checked."""
     if not isinstance(raw, dict):
         _refuse(source, what, f"it holds a JSON {type(raw).__name__}, not an object", fix)
-    version = raw.get("schema_version")
+    version = raw.get("schema_version") if schema is not None else None
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)
                                 or version < 1):
         _refuse(source, what, f"schema_version {version!r} is no version", fix)
@@ -240,8 +313,10 @@ def _is_a(value, hint) -> bool:
         return any(_is_a(value, option) for option in typing.get_args(hint))
     if hint is type(None):
         return value is None
-    if origin is EvalResults:
+    if origin in (EvalResults, TrainingRecord):
         return isinstance(value, dict)
+    if origin is float:  # JSON writes a whole float as an integer
+        return isinstance(value, int | float) and not isinstance(value, bool)
     return isinstance(value, origin) and not (origin is int and isinstance(value, bool))
 
 
@@ -251,4 +326,4 @@ def _describe(hint) -> str:
         return " or ".join(_describe(option) for option in typing.get_args(hint))
     origin = typing.get_origin(hint) or hint
     return {dict: "an object", list: "a list", str: "a string", int: "an integer",
-            type(None): "null"}.get(origin, "an object")
+            float: "a number", bool: "true or false", type(None): "null"}.get(origin, "an object")

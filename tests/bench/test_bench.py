@@ -19,7 +19,7 @@ from draftsmith.bench.train_pace import seconds_per_step, tokens_per_second
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.recipe import build_recipe
-from tests.bench.bench_results import bench_of
+from tests.bench.bench_results import bench_of, record_of
 from tests.helpers.state import require_offline_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -329,9 +329,9 @@ def test_a_pass_method_without_a_name_borrows_its_kind_s_with_its_label(tmp_path
     assert names["drafter_chain@dflash8k"] == "DFlash (block chain) [dflash8k]"
     assert "drafter_chain@eagle3" not in names and "prompt_lookup" not in names  # raw ids stay
     # records written before records named their data count as the shared data's
-    shared = {"a": {}, "b": {"data": {"folder": "runs/x/data"}}}
+    shared = {"a": record_of(), "b": record_of(data={"folder": "runs/x/data"})}
     assert not _own_data(shared)
-    assert _own_data({**shared, "c": {"data": {"folder": "runs/x/data-5k"}}})
+    assert _own_data({**shared, "c": record_of(data={"folder": "runs/x/data-5k"})})
 
 
 def test_the_quantized_rows_say_how_far_they_followed_the_copys_own_decoding():
@@ -394,10 +394,10 @@ def test_the_training_table_says_when_medusa_heads_share_the_target_head(tmp_pat
 
     recipe = tmp_path / "medusa1.yaml"
     recipe.write_text(yaml.safe_dump({"drafter": {"kind": "medusa", "shared_head": True}}))
-    assert shared_head({"kind": "medusa", "recipe": str(recipe)})  # an older record: its recipe
-    assert not shared_head({"kind": "medusa", "shared_head": False, "recipe": str(recipe)})
-    assert not shared_head({"kind": "eagle3", "recipe": str(recipe)})
-    assert not shared_head({"kind": "medusa", "recipe": str(tmp_path / "gone.yaml")})
+    assert shared_head(record_of(kind="medusa", recipe=str(recipe)))  # older: its recipe says
+    assert not shared_head(record_of(kind="medusa", shared_head=False, recipe=str(recipe)))
+    assert not shared_head(record_of(kind="eagle3", recipe=str(recipe)))
+    assert not shared_head(record_of(kind="medusa", recipe=str(tmp_path / "gone.yaml")))
 
 
 def test_drafters_with_data_of_their_own_list_it_in_the_training_table(tmp_path):
@@ -568,9 +568,9 @@ def test_a_data_scaling_run_plots_tau_against_conversations(tmp_path):
     assert points["drafters"][12, None, 3000] == [{"conversations": 11100, "tau": 2.0, "speedup": 1.35}]
     assert points["baselines"] == {"prompt_lookup": {"tau": 1.6, "speedup": 1.4}}
     assert (tmp_path / "scaling.png") in write_plots(bench, tmp_path)
-    shared = replace(bench, training={k: {**v, "data": {"folder": "one"}}
-                                      for k, v in training.items()})
+    shared = replace(bench, training={k: replace(v, data={"folder": "one"})
+                                      for k, v in bench.training.items()})
     assert scaling_points(shared) is None
-    same_count = replace(bench, training={k: {**v, "data": {**v["data"], "conversations": 11144}}
-                                          for k, v in training.items()})
+    same_count = replace(bench, training={k: replace(v, data={**v.data, "conversations": 11144})
+                                          for k, v in bench.training.items()})
     assert scaling_points(same_count) is None  # one x for every point: the tables say it all

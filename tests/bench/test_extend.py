@@ -12,7 +12,7 @@ from draftsmith.bench.config import load_bench_config
 from draftsmith.bench.extend import extension_recipe, seed_extension
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.checkpoint import CHECKPOINT_FORMAT, complete_checkpoints
-from tests.bench.bench_results import bench_of, run_of
+from tests.bench.bench_results import bench_of, record_of, run_of
 from tests.bench.test_bench import ROOT, write_configs
 
 EAGLE1 = str(ROOT / "recipes/smollm2-135m/eagle1.yaml")
@@ -70,7 +70,7 @@ def test_the_extension_starts_from_the_last_checkpoint_before_the_decay(tmp_path
     recipe.write_text(yaml.safe_dump({"drafter": {"kind": "eagle3"}, "train": {
         "warmup_steps": 10, "schedule": "wsd", "decay_fraction": 0.2, "max_minutes": 70.0,
         "max_steps": 8000, "output_dir": str(base_folder)}}))
-    base = {"label": "a", "recipe": str(recipe), "seconds_per_step": 1.8}
+    base = record_of(label="a", recipe=str(recipe), seconds_per_step=1.8)
     raw = extension_recipe(base, folder, 110.0, 4)
     assert raw["train"] == {"warmup_steps": 10, "schedule": "wsd", "decay_fraction": 0.2,
                             "max_minutes": 110.0, "max_steps": 8000, "output_dir": str(folder)}
@@ -95,7 +95,7 @@ def test_an_extension_needs_a_checkpoint_before_the_decay(tmp_path):
                      "max_minutes": 110.0, "max_steps": 8000}}
     with pytest.raises(DraftsmithError, match=r"none of the checkpoints it kept .* was written "
                        r"before its learning rate began to decay"):
-        seed_extension({"label": "a"}, base_folder, tmp_path / "train" / "b", raw, "b")
+        seed_extension(record_of(label="a"), base_folder, tmp_path / "train" / "b", raw, "b")
 
 
 def test_the_training_table_names_the_run_an_extension_trained_on():
@@ -108,13 +108,14 @@ def test_the_training_table_names_the_run_an_extension_trained_on():
                            "extends": {"label": "a", "step": 1623, "minutes": 48.3}}})
     table = _training_table(bench)
     assert table[2].startswith("| a | eagle3 |") and "tokens seen" not in table[0]
-    bench.training["b"].update(tokens_seen=4377941, data={"folder": "d", "tokens": 3199394})
+    bench.training["b"].tokens_seen = 4377941
+    bench.training["b"].data = {"folder": "d", "tokens": 3199394}
     seen = _training_table(bench)
     assert "| features | tokens seen (epochs) | steps |" in seen[0] and seen[1].count("---") == 14
     assert "| online | 4,377,941 (1.37) | 5 |" in seen[3] and "| online | – | 5 |" in seen[2]
     assert table[3].startswith("| b (a trained on from its step 1,623) | eagle3 |")
     assert _budgets(bench) == "70 / 110"
-    assert _budgets(bench_of(config={"budget_minutes": 8}, training={"a": {}})) == "8"
+    assert _budgets(bench_of(config={"budget_minutes": 8})) == "8"  # none trained yet
 
 
 def test_an_evaluation_runs_again_when_the_config_asks_for_other_methods(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The benchmark reads its results only through the typed reader (issue 51): eval.json and
-bench.json go through `draftsmith.eval.results`, so a renamed or missing field is one clear error
+"""The benchmark reads its results only through the typed reader (issue 51): eval.json,
+bench.json and each drafter's budget.json go through `draftsmith.eval.results`, so a renamed or missing field is one clear error
 when the file is read, not a KeyError deep in BENCHMARKS.md. Every other JSON file the benchmark
 reads is listed here with what it is; a new `json.load` in draftsmith/bench fails this test until
 it is listed, and a results file cannot be."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import draftsmith
 
 BENCH = Path(draftsmith.__file__).parent / "bench"
-RESULTS = ("eval.json", "bench.json")
+RESULTS = ("eval.json", "bench.json", "budget.json")
 # (module, function) -> the files its json.load / json.loads calls read, one per call
 OTHER_FILES = {
     ("engine_stage.py", "read_engine_checks"): ("serve_check.json",),
@@ -20,7 +20,6 @@ OTHER_FILES = {
     ("extend.py", "seed_extension"): ("no file: the recipe's JSON round trip",),
     ("report.py", "verify_cost_section"): ("benchmarks/machine*/verify_cost.json",),
     ("report.py", "write_benchmarks"): ("benchmarks/overhead.json",),
-    ("run.py", "read_record"): ("train/LABEL/budget.json",),
     ("run.py", "_train_and_record"): ("train/LABEL/attempts.json", "train/LABEL/extends.json"),
     ("run.py", "_train_seconds"): ("drafter/draftsmith_drafter.json",),
     ("run.py", "_data_record"): ("data/summary.json",),

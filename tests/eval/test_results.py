@@ -16,10 +16,13 @@ from draftsmith.eval.results import (
     EVAL_SCHEMA,
     BenchResults,
     EvalResults,
+    TrainingRecord,
     read_bench_results,
     read_eval_results,
+    read_training_record,
     write_bench_results,
     write_eval_results,
+    write_training_record,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +48,10 @@ def test_what_the_writers_write_reads_back_equal(tmp_path):
     assert "per_prompt" not in raw and "batch_records" not in raw  # empty parts left out
     assert read_eval_results(path) == results
     assert read_eval_results(path).methods == ["plain", "prompt_lookup"]
-    bench = BenchResults(config={"target": "t"}, training={"a": {"steps": 3}},
+    record = TrainingRecord(label="a", kind="eagle3", steps=3, seconds_per_step=1.5,
+                            budget_minutes=7, train_minutes=6.9, batch_size=4, features="online",
+                            held_out={"acc_0": 0.5}, recipe="runs/b/recipes/a.yaml")
+    bench = BenchResults(config={"target": "t"}, training={"a": record},
                          eval={"0": run(records=[], per_prompt={"gsm8k": {"prompts": []}})},
                          passes={"batch": results})
     path = write_bench_results(tmp_path / "bench.json", bench)
@@ -53,6 +59,8 @@ def test_what_the_writers_write_reads_back_equal(tmp_path):
     back = read_bench_results(path)
     assert back == bench and back.greedy.per_prompt == {"gsm8k": {"prompts": []}}
     assert "records" not in json.loads(path.read_text())["eval"]["0"]
+    assert "tokens_seen" not in json.loads(path.read_text())["training"]["a"]  # not recorded
+    assert read_training_record(write_training_record(tmp_path / "budget.json", record)) == record
 
 
 def test_every_committed_result_written_before_versions_still_reads():
@@ -106,3 +114,20 @@ def test_a_missing_file_and_a_damaged_run_inside_bench_json_are_refused(tmp_path
     assert "it lacks training, eval" in refused(tmp_path, {"config": {}}, "bench.json")
     with pytest.raises(DraftsmithError, match=r"a bench.json payload is not a bench.json"):
         BenchResults.coerce({"config": {}})
+
+
+def test_a_training_record_from_before_some_fields_reads_and_a_foreign_one_is_refused(tmp_path):
+    older = {"label": "a", "kind": "medusa", "steps": 10, "seconds_per_step": 2, "recipe": "r",
+             "budget_minutes": 7, "train_minutes": 7.1, "batch_size": 4, "features": "offline",
+             "held_out": {}, "lora": False, "tokens_per_second": None}
+    (tmp_path / "budget.json").write_text(json.dumps(older))
+    record = read_training_record(tmp_path / "budget.json")
+    assert record.shared_head is None and record.calibrated_seconds_per_step is None
+    assert record.seconds_per_step == 2  # a whole number of seconds is a float's value
+    (tmp_path / "budget.json").write_text(json.dumps({**older, "steps": "ten", "epochs": 2}))
+    with pytest.raises(DraftsmithError, match=r"budget.json is not a training record this "
+                       r"draftsmith reads \(keys no training record has: epochs\); delete it"):
+        read_training_record(tmp_path / "budget.json")
+    (tmp_path / "budget.json").write_text(json.dumps({**older, "steps": "ten"}))
+    with pytest.raises(DraftsmithError, match=r"`steps` is a JSON str, where an integer belongs"):
+        read_training_record(tmp_path / "budget.json")
