@@ -1,6 +1,6 @@
 """The decoding knobs are declared once (`eval/settings.py`): a field added there reaches the
-eval CLI's flags and a benchmark's `eval:` keys with no other edit; bench.json records every
-knob, and a bench config's legacy `tree:` mapping still sets the tree."""
+eval CLI's flags, a benchmark's `eval:` keys and serve-check's flags and loop with no other edit;
+bench.json records every knob, and a bench config's legacy `tree:` mapping still sets the tree."""
 
 from __future__ import annotations
 
