@@ -51,6 +51,8 @@ ENGINE_VERSIONS = (
 # (format, engine) -> the test that checks the export against the engine's model class
 LOADER_CONTRACTS = {(fmt, "sglang"): "tests/export/test_sglang_loader_contract.py"
                     for fmt in ("eagle", "eagle3", "dflash")}
+# P-EAGLE: vLLM's own speculators conversion (`update_peagle`) run on the export
+LOADER_CONTRACTS[("peagle-speculators", "vllm")] = "tests/export/test_peagle_export.py"
 
 
 def all_formats() -> list[ExportFormat]:
