@@ -291,11 +291,12 @@ def git_commit() -> str:
 
 
 def write_results(path: Path, rows: dict, args, prompts: int) -> None:
-    """results.json from the rows by name; an old row without its fixed twin gets it from the
-    pairs when that twin is one of them (cases 3 and 5: the proof's own drafters)."""
+    """results.json from the rows by name: the pairs, the old exports each with its fixed twin's
+    row in brief (`fixed_export`), and the twins that are no pair (`fixed_twins`)."""
+    pair_names = {f"{label}/{fmt}/{engine}" for label, fmt, engine in PAIRS}
     for name, label, fmt, engine, _ in OLD:
         twin = rows.get(f"{label}/{fmt}/{engine}")
-        if name in rows and twin and "fixed_export" not in rows[name]:
+        if name in rows and twin:
             rows[name]["fixed_export"] = {k: twin[k] for k in FIXED_KEYS if k in twin}
     write_json(path, {
         "schema": 1, "target": TARGET, "dtype": "float32", "prompts": prompts,
@@ -304,8 +305,29 @@ def write_results(path: Path, rows: dict, args, prompts: int) -> None:
         "command": "python benchmarks/engine-proof/prove.py" + (" --old" if args.old else ""),
         "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
         "hardware": hardware_record(),
-        "pairs": [r for r in rows.values() if "old_export" not in r],
-        "old_exports": [r for r in rows.values() if "old_export" in r]})
+        "pairs": [r for n, r in rows.items() if n in pair_names],
+        "old_exports": [r for r in rows.values() if "old_export" in r],
+        "fixed_twins": [r for n, r in rows.items()
+                        if n not in pair_names and "old_export" not in r]})
+
+
+def job_list(args) -> list[tuple]:
+    """(name, drafter label, format, engine, what the old export did or None) to run: the pairs,
+    with --old the old exports and their fixed twins that are no pair; block drafters last."""
+    engines = args.engines.split(",")
+    jobs = [(f"{label}/{fmt}/{engine}", label, fmt, engine, None)
+            for label, fmt, engine in PAIRS if engine in engines]
+    if args.old:
+        for name, label, fmt, engine, what in OLD:
+            if engine in engines:
+                twin = (f"{label}/{fmt}/{engine}", label, fmt, engine, None)
+                jobs += [(name, label, fmt, engine, what)] + ([twin] if twin not in jobs else [])
+    # the block drafters train longest: their pairs last
+    jobs.sort(key=lambda job: job[1] in ("dflash", "dflash-vocab", "dspark"))
+    if args.only:
+        wanted = set(args.only.split(","))
+        jobs = [job for job in jobs if job[0] in wanted]
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,49 +350,29 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    engines = args.engines.split(",")
     torch.set_num_threads(THREADS)
     target = load_target(TARGET, dtype="float32")
     target_dir = target_folder(TARGET)
     prompts = eval_prompts(args.prompts)
     ids = prompt_token_ids(target.tokenizer, prompts)
     batches = make_data(target, prompts, args.new_tokens, work)
-    jobs = [(f"{label}/{fmt}/{engine}", label, fmt, engine, None)
-            for label, fmt, engine in PAIRS if engine in engines]
-    if args.old:
-        jobs += [(name, label, fmt, engine, what) for name, label, fmt, engine, what in OLD
-                 if engine in engines]
-    # the block drafters train longest: their pairs last
-    jobs.sort(key=lambda job: job[1] in ("dflash", "dflash-vocab", "dspark"))
-    if args.only:
-        wanted = set(args.only.split(","))
-        jobs = [job for job in jobs if job[0] in wanted]
     results_path = Path(args.out)
     previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    rows = {r["name"]: r for r in previous.get("pairs", []) + previous.get("old_exports", [])}
+    rows = {r["name"]: r for key in ("pairs", "old_exports", "fixed_twins")
+            for r in previous.get(key, [])}
     table = {**DRAFTERS, **OLD_DRAFTERS}
-
-    def run(name: str, label: str, fmt: str, engine: str, old: str | None) -> dict:
+    for name, label, fmt, engine, old in job_list(args):
+        if name in rows and not args.redo:  # a pair results.json already holds
+            continue
         checkpoint = train_drafter(target, label, batches, work, table)
         log(f"pair {name}")
         row = prove_pair(name.replace("/", "-"), label, fmt, engine, checkpoint, prompts, ids,
                          lambda: target, target_dir, work, args.new_tokens, old)
-        row["name"] = name
+        rows[name] = {**row, "name": name}
         log(f"pair {name}: passed={row['passed']} engine "
             f"{row.get('acceptance_per_position_engine')} loop "
             f"{row.get('acceptance_per_position_loop')} {row.get('error', row.get('refused', ''))}")
-        return row
-
-    for name, label, fmt, engine, old in jobs:
-        if name in rows and not args.redo:  # a pair results.json already holds
-            continue
-        rows[name] = run(name, label, fmt, engine, old)
-        if old:  # its fixed twin: a pair of the proof, or run here for this row only
-            twin = f"{label}/{fmt}/{engine}"
-            fixed = rows.get(twin) or run(twin, label, fmt, engine, None)
-            rows[name]["fixed_export"] = {k: fixed[k] for k in FIXED_KEYS if k in fixed}
         write_results(results_path, rows, args, len(ids))
-    write_results(results_path, rows, args, len(ids))  # old rows given twins proved since
     return 0
 
 

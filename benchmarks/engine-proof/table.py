@@ -80,7 +80,7 @@ def served(row: dict) -> str:
     if row.get("refused") or row.get("error"):
         return row.get("refused") or row["error"]
     return (f"{pct(row['acceptance_per_position_engine'])} vs loop "
-            f"{pct(row['acceptance_per_position_loop'])} (gap {row['max_gap']:.1%})")
+            f"{pct(row['acceptance_per_position_loop'])} (gap {100 * row['max_gap']:.1f} points)")
 
 
 def old_table(rows: list[dict]) -> str:
