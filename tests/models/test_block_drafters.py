@@ -77,7 +77,10 @@ def test_anchors_are_sorted_distinct_trained_positions():
     assert set(first) <= {2, 3, 4, 7, 8}  # the token and the next one both trained
     assert anchors[1][valid[1]].tolist() == [1] and valid[1].sum() == 1
     many, ok = draw_anchors(loss_mask, attention, 50)
-    assert many.shape[1] == 5 and ok[0].all()  # capped at the most valid positions in a row
+    # capped at the sequence length (shapes decide, no host count); the valid ones come first,
+    # the rest repeat the row's last anchor, marked invalid
+    assert many.shape[1] == 10 and ok.sum(1).tolist() == [5, 1] and ok[0, :5].all()
+    assert many[0, 5:].tolist() == [many[0, 4].item()] * 5
 
 
 def test_position_weights_by_hand():
