@@ -138,6 +138,23 @@ def run(checkout: Path, kind: str, dtype: str, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def table(record: dict) -> str:
+    """The record's rows as a Markdown table (s/step where timed, reads always)."""
+    def seconds(run, key):
+        return f"{run[key]:.2f}" if key in run else "-"
+
+    lines = ["| kind | dtype | wall s/step before | after | CPU s/step before | after | "
+             "host reads before | after |", "|---|---|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        before, after = row["before"], row["after"]
+        lines.append(f"| {row['kind']} | {row['dtype']} | {seconds(before, 'seconds_per_step')} | "
+                     f"{seconds(after, 'seconds_per_step')} | "
+                     f"{seconds(before, 'cpu_seconds_per_step')} | "
+                     f"{seconds(after, 'cpu_seconds_per_step')} | {before['host_reads']} | "
+                     f"{after['host_reads']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="checkout of the old code (required)")
@@ -149,7 +166,11 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
     parser.add_argument("--out", type=Path, help="the JSON written (required)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--table", type=Path, help="print a written JSON's Markdown table")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())), end="")
+        return
     if args.worker:
         kind, dtype, steps = args.worker
         print(json.dumps(worker(kind, dtype, int(steps))))
