@@ -123,10 +123,12 @@ class Trainer:
         self.held = [int(n) for n in held]  # recorded with the drafter: each rank's target share
         accelerator.print("frozen target parameters held per rank: "
                           f"{', '.join(f'{n:,}' for n in self.held)}")
-        # where the data stream is: batches done over all epochs (recorded since the cache stream)
-        stream = progress.get("data_stream")
-        self.micro_done = self.step * self.cfg.grad_accum if stream is None else \
-            sum(map(parts.data.epoch_length, range(stream["epoch"]))) + stream["batches_done"]
+        # where the data stream is (recorded since the cache stream; before, every epoch of a
+        # checkpoint's run was as long as the first)
+        stream = progress.get("data_stream") or {
+            "epoch": 0, "batches_done": self.step * self.cfg.grad_accum}
+        self.epoch, self.batches_done = stream["epoch"], stream["batches_done"]
+        self._next_epoch_if_done()
         self.padded_tokens = 0  # tokens of this optimizer step with padding: its cost (host)
         self.paused = False  # an evaluation or a checkpoint ran since the last step
         self.last: tuple = ()  # the latest micro-step's (loss, metrics)
@@ -140,28 +142,25 @@ class Trainer:
         self.progress = _progress_bar(self.accelerator, schedule.total, self.step)
         with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
             while self.step < schedule.total:
-                epoch, skip = self._stream_position()
-                batches = data.train_batches(epoch, skip, float8=True)
+                batches = data.train_batches(self.epoch, self.batches_done, float8=True)
                 with closing(device_batches(batches, self.accelerator.device)) as fed:
                     for batch in fed:
                         if self._micro_step(batch) and self._end_step(stop_request):
                             break
         self.progress.close()
 
-    def _stream_position(self) -> tuple[int, int]:
-        """(epoch, batches done in it) of the data stream after `micro_done` batches.
+    def _next_epoch_if_done(self) -> None:
+        """Move the data stream's position past the epochs it has finished.
 
         Raises:
             DraftsmithError: an epoch without a batch (too little data for the processes).
         """
-        epoch, done = 0, self.micro_done
-        while done >= (length := self.parts.data.epoch_length(epoch)):
+        while self.batches_done >= (length := self.parts.data.epoch_length(self.epoch)):
             if length == 0:
-                raise DraftsmithError(f"epoch {epoch} has no batch for "
+                raise DraftsmithError(f"epoch {self.epoch} has no batch for "
                                       f"{self.accelerator.num_processes} process(es): add data or "
                                       "use fewer processes")
-            epoch, done = epoch + 1, done - length
-        return epoch, done
+            self.epoch, self.batches_done = self.epoch + 1, self.batches_done - length
 
     def finish(self) -> Path:
         """The final evaluation, then the drafter saved (with the budget's minutes spent)."""
@@ -196,7 +195,8 @@ class Trainer:
             if accelerator.sync_gradients:
                 self.parts.scheduler.step()
             self.parts.optimizer.zero_grad()
-        self.micro_done += 1
+        self.batches_done += 1
+        self._next_epoch_if_done()
         self.window.add_tokens(batch["attention_mask"])
         self.padded_tokens += batch["input_ids"].numel()
         self.last = (loss, metrics)
@@ -271,8 +271,7 @@ class Trainer:
         position, the budget's state, the run's record and where the data stream is."""
         parts = self.parts
         check_weights(self.accelerator, parts.model, self.step, self.cfg, self.out_dir)
-        epoch, done = self._stream_position()
-        stream = {"epoch": epoch, "batches_done": done}
+        stream = {"epoch": self.epoch, "batches_done": self.batches_done}
         save_state(self.accelerator, self.out_dir, self.step,
                    {"total_steps": parts.schedule.total, **self.budget.state(clock),
                     "scheduler": scheduler_state(parts.scheduler), "run": parts.record,
