@@ -34,8 +34,8 @@ class TrainSection:
         batch_size: sequences per process per micro-step (`batching: rows`); with `batching:
             tokens`, batch_size x max_length is each process's padded tokens per micro-step.
         batching: `tokens` (length-bucketed batches of about `batch_tokens` padded tokens each,
-            any number of rows: padding 1.6% against 25% on the quickstart's data,
-            benchmarks/train_step/loop-throughput.md) or `rows` (batch_size sequences paired at
+            any number of rows: padding 1.7% against 26% on the quickstart's
+            conversations, benchmarks/train_step/loop-throughput.md) or `rows` (batch_size sequences paired at
             random, right-padded to the longest).
         batch_tokens: `batching: tokens`: padded tokens per process per micro-step; null =
             batch_size x max_length.
