@@ -16,6 +16,7 @@ Every phase adds to one JSON (`--out`); a variant trained or timed again replace
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -134,8 +135,29 @@ def train_variants(args, payload: dict) -> None:
             "heldout_simulated_tau": round(final["eval/simulated_tau"], 4)})
 
 
+FIRST_PASS = (21, 31)  # steps whose batches no run had seen (140 train conversations, 4 a step)
+
+
+def first_pass(metrics: Path) -> dict:
+    """A run's accuracy per draft position on its steps FIRST_PASS (each batch scored before the
+    step trains on it, the same batches in every run: unseen conversations, a paired comparison),
+    and its median seconds per step from step 4 (all runs side by side on one busy machine)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    window = rows[FIRST_PASS[0]:FIRST_PASS[1]]
+    clock = [r["seconds"] for r in rows[2:FIRST_PASS[1]]]
+    return {"steps_done": len(rows),
+            "seconds_per_step_side_by_side": round(statistics.median(
+                b - a for a, b in itertools.pairwise(clock)), 1),
+            **{f"first_pass_acc@{k + 1}": round(statistics.fmean(r[f"acc_{k}"] for r in window), 4)
+               for k in range(3)}} if len(window) == FIRST_PASS[1] - FIRST_PASS[0] else {}
+
+
 def report(args, payload: dict) -> None:
     """Gather every trained variant's result into the payload; print the markdown table."""
+    payload["first_pass"] = {
+        path.parent.name: first_pass(path)
+        for path in sorted((Path(args.work) / "train").glob("*/metrics.jsonl"))}
     for path in sorted((Path(args.work) / "train").glob("*/result.json")):
         tau = load(path.parent / "tau.json")
         payload.setdefault("variants", {})[path.parent.name] = {
