@@ -62,6 +62,51 @@ def _reads_mode():
     return Reads()
 
 
+def synthetic_masks(gen, size: int):
+    """(input_ids, attention_mask, loss_mask) (size, LENGTH): 256..512 real tokens a row, the
+    first 32..128 an untrained prompt."""
+    import torch
+
+    lengths = torch.randint(256, LENGTH + 1, (size,), generator=gen)
+    prompts = torch.randint(32, 129, (size,), generator=gen)
+    index = torch.arange(LENGTH)[None]
+    attention_mask = (index < lengths[:, None]).long()
+    loss_mask = attention_mask * (index >= prompts[:, None])
+    return torch.randint(2, 8192, (size, LENGTH), generator=gen) * attention_mask, \
+        attention_mask, loss_mask
+
+
+def eagle3_rows() -> str:
+    """Rows EAGLE-3's row-wise parts compute on the timed batch: packed (the old step: real
+    tokens at step 0, positions trained at that step or later after, heads on trained rows)
+    against every position (the new step), as a Markdown table."""
+    import torch
+
+    from draftsmith.models.eagle3 import ttt_rows
+    from draftsmith.models.layers import shift_left
+
+    steps = recipe_settings("eagle3")["ttt_steps"]
+    gen = torch.Generator().manual_seed(1)  # as the worker draws: the counted sequence first
+    synthetic_masks(gen, 1)
+    for _ in range(4):  # its last hidden state and three fused layers
+        torch.randn(1, LENGTH, SHAPE["hidden_size"], generator=gen)
+    _, attention_mask, loss_mask = synthetic_masks(gen, BATCH)
+    index = torch.arange(LENGTH)[None]
+    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < LENGTH - 2 - j) for j in range(steps)]
+    counts = [(sum(int(n.sum()) for n in ttt_rows(attention_mask, valid)), BATCH * LENGTH * steps),
+              (sum(int(v.sum()) for v in valid), sum(BATCH * (LENGTH - 2 - j)
+                                                     for j in range(steps))),
+              (int((shift_left(loss_mask, 1) > 0).sum()), BATCH * LENGTH)]
+    lines = [f"real tokens {int(attention_mask.sum()):,}, trained {int(loss_mask.sum()):,} of "
+             f"{BATCH * LENGTH:,}", "",
+             f"| EAGLE-3, {steps} TTT steps | rows before | rows after | ratio |",
+             "|---|---|---|---|"]
+    for name, (before, after) in zip(("decoder layer (all steps)", "draft head (all steps)",
+                                      "target head (once)"), counts, strict=True):
+        lines.append(f"| {name} | {before:,} | {after:,} | {after / before:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def recipe_settings(kind: str) -> dict:
     """The drafter section of the kind's smollm2-135m recipe, without `kind`."""
     import yaml
@@ -97,12 +142,7 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
     layers = spec.aux_layers(config.num_hidden_layers, settings)
 
     def batch(size):
-        lengths = torch.randint(256, LENGTH + 1, (size,), generator=gen)
-        prompts = torch.randint(32, 129, (size,), generator=gen)
-        index = torch.arange(LENGTH)[None]
-        attention_mask = (index < lengths[:, None]).long()
-        loss_mask = attention_mask * (index >= prompts[:, None])
-        input_ids = torch.randint(2, 8192, (size, LENGTH), generator=gen) * attention_mask
+        input_ids, attention_mask, loss_mask = synthetic_masks(gen, size)
 
         def hidden():
             return torch.randn(size, LENGTH, config.hidden_size, generator=gen).to(feature_dtype)
@@ -167,9 +207,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the JSON written (required)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--table", type=Path, help="print a written JSON's Markdown table")
+    parser.add_argument("--rows", action="store_true",
+                        help="print the rows EAGLE-3's old and new steps compute on this batch")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())), end="")
+        return
+    if args.rows:
+        print(eagle3_rows(), end="")
         return
     if args.worker:
         kind, dtype, steps = args.worker
