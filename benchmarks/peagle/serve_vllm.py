@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--limit", type=int, default=4, help="prompts per built-in set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma list of "
+                        f"{', '.join(LAYOUTS)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     meta = json.loads((args.drafter / "draftsmith_drafter.json").read_text())
@@ -55,7 +57,7 @@ def main() -> None:
     plain = run_vllm(target_dir, ids, settings, args.out / "engine_plain.log", dtype="float32")
     report = {"target": TARGET, "prompts": len(ids), "max_new_tokens": args.max_new_tokens,
               "num_speculative_tokens": depth, "dtype": "float32", "layouts": {}}
-    for layout in LAYOUTS:
+    for layout in args.layouts.split(","):
         export = export_drafter(args.drafter, layout, args.out / f"export-{layout}",
                                 overwrite=True)
         speculative = {"method": "eagle3", "model": str(export.resolve()),
