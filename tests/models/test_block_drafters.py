@@ -213,7 +213,7 @@ def test_a_draft_vocabulary_keeps_the_targets_head_rows_and_restricts_the_loss()
     positions, trained = block_labels(module, features, anchors, valid)
     rows = module.train_hidden(features, anchors)[:, :, 1:][trained]
     batch_index = torch.arange(2)[:, None, None].expand(trained.shape)[trained]
-    teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+    teacher = features.target_logits[batch_index, positions[trained] - 1].float()
     in_vocab = module.t2d[teacher.argmax(-1)]
     assert 0 < in_vocab.sum() < in_vocab.numel()  # both cases occur
     logp = torch.log_softmax(rows @ head[kept].T, -1)
