@@ -36,7 +36,7 @@ from draftsmith.train.rng_state import load_rng_state, rng_state_file
 FREE_SETTINGS = frozenset({
     "train.save_every", "train.eval_every", "train.keep_checkpoints", "train.output_dir",
     "train.wandb", "train.wandb_project", "target.name", "target.trust_remote_code",
-    "data.tokenized", "data.out_dir",
+    "data.tokenized", "data.out_dir", "train.log_interval", "train.loader_workers",
 })
 # A budgeted run resumed while its schedule can still take a new total may change these
 # (`budget_extendable`): the planner re-sizes the rest of the run to the new budget.

@@ -262,8 +262,8 @@ def test_schedules_shape_the_learning_rate():
     assert [round(cosine(s), 3) for s in (0, 1, 2, 10)] == [0.5, 1.0, 1.0, 0.0]
     assert [wsd(s) for s in (0, 1, 2, 7, 8, 9, 10)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0]
     assert [constant(s) for s in (2, 9, 10)] == [1.0, 1.0, 1.0]
-    with pytest.raises(DraftsmithError, match=r"train\.schedule='linear': use one of cosine"):
-        build_recipe({"drafter": {"kind": "eagle3"}, "train": {"schedule": "linear"}})
+    with pytest.raises(DraftsmithError, match=r"train\.schedule='step': use one of cosine"):
+        build_recipe({"drafter": {"kind": "eagle3"}, "train": {"schedule": "step"}})
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
