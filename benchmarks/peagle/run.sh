@@ -9,11 +9,14 @@ LOCK=/tmp/draftsmith-bench.lock
 OUT=runs/peagle
 # one data run for both (P-EAGLE's recipe caches the same three layers for eagle3 and peagle)
 $DS data run --config recipes/smollm2-135m/peagle.yaml --no-progress
-# the quickstart's EAGLE-3 on that data, 4 TTT steps = P-EAGLE's 4 depths, 6 minutes each
+# the quickstart's EAGLE-3 on that data, 4 TTT steps = P-EAGLE's 4 depths, 6 minutes each; the
+# schedule pinned to P-EAGLE's recipe's, so the two train sections stay equal if the quickstart's
+# changes
+SAME="train.schedule=wsd train.warmup_steps=30"
 flock $LOCK $DS train --config recipes/smollm2-135m/quickstart.yaml \
   data.out_dir=$OUT/data "data.cache.kinds=[eagle3,peagle]" drafter.ttt_steps=4 \
-  train.output_dir=$OUT/eagle3
-flock $LOCK $DS train --config recipes/smollm2-135m/peagle.yaml
+  train.output_dir=$OUT/eagle3 $SAME
+flock $LOCK $DS train --config recipes/smollm2-135m/peagle.yaml $SAME
 # chains of 4 drafts (the bar's like-for-like draft count) and the default trees, one eval run
 flock $LOCK $DS eval --target smollm2-135m-instruct \
   --drafter eagle3=$OUT/eagle3/drafter --drafter peagle=$OUT/peagle/drafter \
