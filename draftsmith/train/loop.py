@@ -177,7 +177,8 @@ class Trainer:
         if spent is not None:
             accelerator.print(budget_line("train.max_minutes", spent, self.cfg.max_minutes)
                               + f", {self.step} steps, from building the drafter to saving it")
-        accelerator.end_training()
+        for tracker in accelerator.trackers:  # not end_training: it tears a gloo group down, which
+            tracker.finish()  # can abort a rank at exit (see leave_process_group)
         leave_process_group(finished=True)  # several CPU processes end here, models still held
         return path
 
