@@ -9,6 +9,7 @@ import pytest
 
 from draftsmith.bench.extend import seed_extension
 from draftsmith.errors import DraftsmithError
+from tests.bench.bench_results import record_of
 from tests.bench.test_extend import fake_checkpoint
 
 RAW = {"train": {"warmup_steps": 10, "schedule": "wsd", "decay_fraction": 0.2,
@@ -24,7 +25,7 @@ def test_an_extension_of_a_run_whose_checkpoints_were_deleted_says_so(tmp_path, 
     else:
         shutil.rmtree(base_folder / "checkpoints" / "step_1623")
     with pytest.raises(DraftsmithError) as refused:
-        seed_extension({"label": "a"}, base_folder, tmp_path / "train" / "b", RAW, "b")
+        seed_extension(record_of(label="a"), base_folder, tmp_path / "train" / "b", RAW, "b")
     message = str(refused.value)
     assert "a's run keeps no complete checkpoint" in message
     assert f"{base_folder / 'checkpoints'} is missing or empty" in message
