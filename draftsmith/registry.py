@@ -62,6 +62,9 @@ class DrafterSpec:
         engine_methods: serving engine -> the name it serves this kind under (`vllm`: the
             speculative config's `method`, `sglang`: `--speculative-algorithm`, `llama.cpp`:
             `--spec-type`); export to GGUF and serve-check need the engine listed.
+        engine_options: engine -> the keys its speculative config needs besides the method
+            (P-EAGLE in vLLM: `parallel_drafting`; without it vLLM drafts autoregressively and
+            skips `mask_hidden`, another drafter than the one trained).
         unserved_by: (config) -> engine -> why that engine cannot serve a drafter with these
             settings although it serves the kind (EAGLE-3.1 in llama.cpp); export to GGUF and
             serve-check refuse with that message.
@@ -84,6 +87,7 @@ class DrafterSpec:
     custom_aux_layers: Callable[[object], list[int] | None] = lambda config: None
     reads_aux_layers: bool = False
     engine_methods: dict[str, str] = field(default_factory=dict)
+    engine_options: dict[str, dict] = field(default_factory=dict)
     unserved_by: Callable[[object], dict[str, str]] = lambda config: {}
     target_fields: tuple[str, ...] = LAYER_FIELDS
 
@@ -220,7 +224,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             uses_draft_vocab=True,
             custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
             reads_aux_layers=True,
-            engine_methods={"vllm": "eagle3"},  # with "parallel_drafting": true
+            engine_methods={"vllm": "eagle3"},
+            engine_options={"vllm": {"parallel_drafting": True}},
         ),
         DrafterSpec(
             kind="mtp",

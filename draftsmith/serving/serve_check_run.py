@@ -172,8 +172,9 @@ def run_serve_check(export_dir: str | Path, target: str, prompts: list[BenchProm
     ids = prompt_token_ids(load_tokenizer(str(target_dir)), prompts)
     started = time.perf_counter()
     if settings.engine == "vllm":
-        (plain, spec, served), more = _run_vllm(export_dir, target_dir, ids, settings, method,
-                                                out_dir, log), {}
+        options = get_spec(drafter.kind).engine_options.get("vllm", {})
+        (plain, spec, served), more = _run_vllm(export_dir, target_dir, ids, settings,
+                                                (method, options), out_dir, log), {}
     else:
         plain, spec, served, more = _run_llama_cpp(export_dir, target_dir, gguf, ids, settings,
                                                    method, out_dir, log)
@@ -305,9 +306,12 @@ def _run_llama_cpp(export_dir: Path, target_dir: Path, gguf: Path, ids: list[lis
 
 
 def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
-              settings: ServeCheckSettings, method: str, out_dir: Path, log) -> tuple:
+              settings: ServeCheckSettings, method: tuple[str, dict], out_dir: Path,
+              log) -> tuple:
     """(plain run, speculative run, what served them) in vLLM with the export as written, under
-    speculative `method`."""
+    speculative `method`: its name and the other keys its speculative config needs
+    (`DrafterSpec.engine_options`)."""
+    method, options = method
     from draftsmith.engines import vllm
     from draftsmith.export.cli import load_target_config
     from draftsmith.target.precision import choose_dtype
@@ -317,7 +321,7 @@ def _run_vllm(export_dir: Path, target_dir: Path, ids: list[list[int]],
                           getattr(config, "intermediate_size", None))
     log(f"vLLM dtype: {choice.dtype} ({choice.reason})")
     speculative = {"method": method, "model": str(export_dir.resolve()),
-                   "num_speculative_tokens": settings.draft_max}
+                   "num_speculative_tokens": settings.draft_max, **options}
     plain = run_vllm(target_dir, ids, settings, out_dir / "engine_plain.log", log=log,
                      dtype=choice.dtype)
     spec = run_vllm(target_dir, ids, settings, out_dir / f"engine_{method}.log", speculative, log,
