@@ -41,7 +41,7 @@ class TrainSection:
             batch_size x max_length.
         loader_workers: DataLoader worker processes collating in-memory examples (0: the main
             process; a background thread reads the cache ahead either way); null = 0 on a CPU
-            (measured: workers compete with the step for 2 cores), 2 with CUDA.
+            (workers would compete with the step for its cores; not yet timed), 2 with CUDA.
         log_interval: optimizer steps per metrics row: the loop reads the device once per row
             (the loss, metrics and tokens of the steps since the last, reduced over processes
             then) and checks the loss for NaN there and before every checkpoint; with several
