@@ -53,6 +53,7 @@ LOADER_CONTRACTS = {(fmt, "sglang"): "tests/export/test_sglang_loader_contract.p
                     for fmt in ("eagle", "eagle3", "dflash")}
 # P-EAGLE: vLLM's own speculators conversion (`update_peagle`) run on the export
 LOADER_CONTRACTS[("peagle-speculators", "vllm")] = "tests/export/test_peagle_export.py"
+LOADER_CONTRACTS[("dspark", "sglang")] = "tests/export/test_sglang_dspark_contract.py"
 
 
 def all_formats() -> list[ExportFormat]:
