@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 STAGES = ("data", "train", "eval", "engine")
@@ -31,6 +30,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from draftsmith.bench.report import earlier_benches, write_benchmarks
     from draftsmith.bench.run import run_bench
     from draftsmith.errors import DraftsmithError
+    from draftsmith.eval.results import read_bench_results
 
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip() and s != "none")
     bad = sorted(set(stages) - set(STAGES))
@@ -41,9 +41,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     benches, measured = [], set()
     for config in configs:
         path = run_bench(config, stages)
-        bench = json.loads(path.read_text())
+        bench = read_bench_results(path)
         name = config.name or config.target
-        if not (bench.get("eval") or bench.get("passes")):
+        if not (bench.eval or bench.passes):
             # a data, train or engine stage alone: the committed results stay (replacing them
             # would delete every evaluation file of the last full run)
             print(f"{name}: no evaluation results in {config.out_dir} yet, so BENCHMARKS.md and "
@@ -55,7 +55,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     benches += earlier_benches(measured)
     # every section's config, this run's and those kept from earlier runs
     paths = dict.fromkeys([*(c.path for c in configs),
-                           *(b["config"].get("path") for b, _ in benches)])
+                           *(b.config.get("path") for b, _ in benches)])
     preamble = ["Reproduce: `bash scripts/bench.sh` (resumable; each stage skips finished work). "
                 "Per-target configs: " + ", ".join(f"`{p}`" for p in paths if p) + "."]
     others = tuple(sorted(Path("benchmarks").glob("machine-*/verify_cost.json")))

@@ -337,16 +337,17 @@ def target_slug(target: str) -> str:
     return slug or "target"
 
 
-def earlier_benches(measured: set[str], root: Path = Path("benchmarks")) -> list[tuple[dict, None]]:
+def earlier_benches(measured: set[str],
+                    root: Path = Path("benchmarks")) -> list[tuple[BenchResults, None]]:
     """The committed results (`benchmarks/NAME/bench.json`, read by `read_bench_results`, which
     refuses a damaged one) of benchmarks this run did not measure (`measured`: their names), so
-    BENCHMARKS.md keeps every one; handed on as payloads, as `draftsmith bench` holds its own."""
+    BENCHMARKS.md keeps every one."""
     kept = []
     for path in sorted(root.glob("*/bench.json")):
         bench = read_bench_results(path)
         name = bench_name(bench.config) if bench.config else None
         if name == path.parent.name and name not in measured:
-            kept.append((bench.to_dict(), None))
+            kept.append((bench, None))
     return kept
 
 

@@ -445,7 +445,7 @@ def test_a_target_not_measured_in_this_run_keeps_its_committed_results(tmp_path,
     monkeypatch.chdir(tmp_path)
     assert earlier_benches({name}) == []  # measured now: its own run's results are used
     kept = earlier_benches({NAME})
-    assert [b["config"]["target"] for b, run_dir in kept] == [name] and kept[0][1] is None
+    assert [b.config["target"] for b, run_dir in kept] == [name] and kept[0][1] is None
     write_benchmarks(kept, tmp_path / "B.md", tmp_path / "none.json", [])
     lines = (tmp_path / "B.md").read_text().splitlines()
     at = lines.index(f"## {name}")
