@@ -21,8 +21,6 @@ from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, rotate_half
 
-from draftsmith.models.losses import wide
-
 KV = tuple[torch.Tensor, torch.Tensor]
 
 # score elements (query rows x keys x heads) one training attention chunk may hold; bounds the
@@ -144,7 +142,7 @@ class BlockDecoderLayer(nn.Module):
         Block j of sequence b (its B rows at h[b, j*B:(j+1)*B]) sees the context keys at
         positions < anchors[b, j] and all B keys of its own block, never another block's. The
         blocks are attended in chunks whose scores hold at most `CHUNK_SCORES` elements, each over
-        the whole context, masked past each block's anchor; with `recompute` each chunk's attention is
+        the context prefix its last anchor needs; with `recompute` each chunk's attention is
         recomputed in the backward pass instead of kept, so memory does not grow with
         (blocks x context).
 
@@ -177,22 +175,23 @@ class BlockDecoderLayer(nn.Module):
 
     def _attend_chunk(self, q, k, v, context_k, context_v, anchors):
         """Attention of a chunk of c blocks: q (Bt, nh, c*B, hd), the blocks' keys and values
-        (Bt, nkv, c*B, hd), the context's (Bt, nkv, S, hd), anchors (Bt, c). Each row's scores
-        are [the context keys before its anchor (the rest masked: no cut at a host-read length),
+        (Bt, nkv, c*B, hd), the context's (Bt, nkv, S, hd), anchors (Bt, c). Context keys past
+        the chunk's last anchor are cut off; each row's scores are [its visible context keys,
         its own block's B keys], softmaxed together in float32. Returns (Bt, nh, c*B, hd)."""
         attn = self.self_attn
         bt, nh, rows, hd = q.shape
         nkv, c = attn.num_kv_heads, anchors.shape[1]
         block = rows // c
-        reach = context_k.shape[2]  # every context key; the mask hides those past each anchor
+        reach = int(anchors.max())  # anchors are sorted: no block of the chunk sees further
+        context_k, context_v = context_k[:, :, :reach], context_v[:, :, :reach]
         q = q.reshape(bt, nkv, nh // nkv, rows, hd) * hd ** -0.5
-        scores_context = wide(torch.einsum("bkgrd,bksd->bkgrs", q, context_k))
+        scores_context = torch.einsum("bkgrd,bksd->bkgrs", q, context_k).float()
         hidden = torch.arange(reach, device=q.device)[None, :] >= \
             anchors.repeat_interleave(block, dim=1)[:, :, None]  # (Bt, c*B, reach)
         scores_context = scores_context.masked_fill(hidden[:, None, None], float("-inf"))
         q_blocks = q.reshape(bt, nkv, nh // nkv, c, block, hd)
         k_blocks = k.reshape(bt, nkv, c, block, hd)
-        scores_block = wide(torch.einsum("bkgcid,bkcjd->bkgcij", q_blocks, k_blocks))
+        scores_block = torch.einsum("bkgcid,bkcjd->bkgcij", q_blocks, k_blocks).float()
         scores = torch.cat([scores_context, scores_block.reshape(*scores_context.shape[:4], block)],
                            dim=-1)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from draftsmith.models.dflash import DFlashDrafter, default_gamma
-from draftsmith.models.losses import wide
 
 
 def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -18,15 +17,14 @@ def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: i
     DeepSpec), sorted.
 
     Returns:
-        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, T) (a size the shapes
-        decide, not a host count); a row with fewer valid positions repeats its last anchor,
-        marked invalid.
+        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row);
+        a row with fewer valid positions repeats its last anchor, marked invalid.
     """
     trained = (loss_mask > 0) & (attention_mask > 0)
     valid = trained.clone()
     valid[:, :-1] &= trained[:, 1:]
     valid[:, -1] = False
-    n = max(1, min(count, valid.shape[1]))
+    n = max(1, min(count, int(valid.sum(1).max())))
     noise = torch.rand(valid.shape, device=valid.device, generator=generator)
     noise = noise.masked_fill(~valid, 2.0)  # invalid positions sort last
     picked = noise.topk(n, dim=1, largest=False).indices
@@ -59,15 +57,6 @@ def block_labels(drafter: DFlashDrafter, features, anchors: torch.Tensor, valid:
     return positions, trained
 
 
-def label_index(features, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch index, position) of every proposal's teacher, (Bt, N, P) each: the target's
-    logits after label position - 1, clamped into the sequence (a proposal past its end is
-    untrained and masked out)."""
-    s = features.input_ids.shape[1]
-    batch_index = torch.arange(positions.shape[0], device=positions.device)[:, None, None]
-    return batch_index.expand(positions.shape), (positions - 1).clamp(0, s - 1)
-
-
 def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor
                      ) -> torch.Tensor:
     """Per-proposal loss weights (Bt, N, P), zero where untrained.
@@ -82,7 +71,7 @@ def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torc
         weights = torch.ones_like(label_prob)
     elif kinds == "decay":
         gamma = config.decay_gamma or default_gamma(config.block_size)
-        k = torch.arange(p, device=trained.device, dtype=label_prob.dtype)
+        k = torch.arange(p, device=trained.device, dtype=torch.float32)
         weights = torch.exp(-k / gamma).expand(trained.shape)
     else:
         smoothed = torch.where(trained, 0.5 * label_prob.detach() + 0.5,
@@ -113,32 +102,35 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
                                   cfg.anchors_per_sequence, generator)
     positions, trained = block_labels(drafter, features, anchors, valid)
     hidden = drafter.train_hidden(features, anchors)[:, :, 1 - drafter.label_shift:]
-    batch_index, after = label_index(features, positions)
+    rows = hidden[trained]  # (m, H)
+    batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
+        trained.shape)[trained]
     draft_ids = drafter.draft_ids()
-    with torch.no_grad():  # every proposal's teacher (Bt, N, P, C): masks pick the trained
+    with torch.no_grad():
         if draft_ids is None:
-            teacher = wide(features.logits_after.every()[batch_index, after])
+            teacher = features.logits_at(batch_index, positions[trained] - 1).float()
             choice = teacher.argmax(-1)  # the target's choice
             in_vocab = torch.ones_like(choice, dtype=torch.bool)
         else:  # restricted to the draft vocabulary (Vd head rows), choices as draft ids
-            sliced, choices = features.logits_after.restricted_every(draft_ids)
-            teacher, choice = wide(sliced[batch_index, after]), choices[batch_index, after]
+            teacher, choice = features.restricted_at(draft_ids, batch_index,
+                                                     positions[trained] - 1)
+            teacher = teacher.float()
             in_vocab = drafter.t2d[choice]
             to_draft = torch.zeros_like(drafter.t2d, dtype=torch.long)
             to_draft[draft_ids] = torch.arange(draft_ids.shape[0], device=draft_ids.device)
             choice = torch.where(in_vocab, to_draft[choice], 0)
-    logp = torch.log_softmax(drafter.draft_logits(hidden), dim=-1)  # (Bt, N, P, C)
+    logp = torch.log_softmax(drafter.draft_logits(rows), dim=-1)
     if cfg.loss == "kl":
         per_row = -(torch.softmax(teacher, -1) * logp).sum(-1)
     else:
-        per_row = -logp.gather(-1, choice[..., None])[..., 0]
-    label_prob = torch.where(
-        trained, logp.detach().gather(-1, choice[..., None])[..., 0].exp() * in_vocab, 0.0)
+        per_row = -logp.gather(1, choice[:, None])[:, 0]
+    label_prob = torch.zeros(trained.shape, device=logp.device)
+    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp() * in_vocab
     weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
-    row_weights = weights * in_vocab  # zero where untrained
-    loss = (torch.where(trained, per_row, 0.0) * row_weights).sum() / \
-        row_weights.sum().clamp_min(1e-9)
-    hits = (trained & (logp.argmax(-1) == choice) & in_vocab).float()
+    row_weights = weights[trained] * in_vocab
+    loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
+    hits = torch.zeros(trained.shape, device=logp.device)
+    hits[trained] = ((logp.argmax(-1) == choice) & in_vocab).float()
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     return loss, metrics

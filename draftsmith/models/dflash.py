@@ -26,7 +26,6 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.block_layers import KV, BlockDecoderLayer, ContextCache
 from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import Rotary, drafter_layer_config
-from draftsmith.models.losses import wide
 
 LOSSES = ("kl", "ce")
 POSITION_WEIGHTS = ("decay", "dpace", "uniform")
@@ -283,7 +282,7 @@ class DFlashDrafter(DraftVocab, nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Proposal logits over the draft vocabulary (..., Vd) (the target's without one)."""
-        return wide(self.lm_head(hidden.to(self.lm_head.weight.dtype)))
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Proposal logits over the target vocabulary from `draft_block`'s hidden states (-inf

@@ -19,14 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.block_loss import (
-    block_labels,
-    draw_anchors,
-    label_index,
-    position_weights,
-)
+from draftsmith.models.block_loss import block_labels, draw_anchors, position_weights
 from draftsmith.models.dflash import DFlashConfig, DFlashDrafter
-from draftsmith.models.losses import wide
 
 
 @dataclass
@@ -106,8 +100,8 @@ class DSparkDrafter(DFlashDrafter):
         (`logits(hidden)`) where already computed: decoding computes a block's rows in one
         product instead of one per row or node."""
         bias, embedded = self.markov_head(previous)
-        logits = (self.logits(hidden) if base is None else base) + wide(bias)
-        return logits, wide(self.confidence_head(hidden, embedded))
+        logits = (self.logits(hidden) if base is None else base) + bias.float()
+        return logits, self.confidence_head(hidden, embedded).float()
 
 
 def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -124,28 +118,31 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
                                   cfg.anchors_per_sequence, generator)
     positions, trained = block_labels(drafter, features, anchors, valid)
     hidden = drafter.train_hidden(features, anchors)  # (Bt, N, B, H): all B rows propose
-    batch_index, after = label_index(features, positions)  # masks pick the trained proposals
-    previous = features.input_ids[batch_index, after]  # teacher forcing
-    labels = features.input_ids[batch_index, positions.clamp(max=features.input_ids.shape[1] - 1)]
-    logits, confidence = drafter.row_logits(hidden, previous)  # (Bt, N, B, V), (Bt, N, B)
+    bt = anchors.shape[0]
+    batch_index = torch.arange(bt, device=anchors.device)[:, None, None].expand(trained.shape)
+    batch_index, label_positions = batch_index[trained], positions[trained]
+    previous = features.input_ids[batch_index, label_positions - 1]  # teacher forcing
+    labels = features.input_ids[batch_index, label_positions]
+    logits, confidence = drafter.row_logits(hidden[trained], previous)
     with torch.no_grad():
-        teacher = torch.softmax(wide(features.logits_after.every()[batch_index, after]), -1)
+        teacher = torch.softmax(features.logits_at(batch_index, label_positions - 1).float(), -1)
     logp = torch.log_softmax(logits, -1)
     probs = logp.exp()
     l1 = (probs - teacher).abs().sum(-1)
-    ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view_as(l1)
+    ce = F.cross_entropy(logits, labels, reduction="none")
     target_confidence = (1 - 0.5 * l1.detach()).clamp(0, 1)
     bce = F.binary_cross_entropy_with_logits(confidence, target_confidence, reduction="none")
+    label_prob = torch.zeros(trained.shape, device=logp.device)
     choice = teacher.argmax(-1)
-    label_prob = torch.where(trained, probs.detach().gather(-1, choice[..., None])[..., 0], 0.0)
-    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)  # 0: untrained
+    label_prob[trained] = probs.detach().gather(1, choice[:, None])[:, 0]
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)[trained]
     total = weights.sum().clamp_min(1e-9)
-    rows = cfg.ce_weight * ce + cfg.l1_weight * l1 + cfg.confidence_weight * bce
-    loss = (torch.where(trained, rows, 0.0) * weights).sum() / total
-    hits = (trained & (logp.argmax(-1) == choice)).float()
+    loss = (cfg.ce_weight * (ce * weights).sum() + cfg.l1_weight * (l1 * weights).sum()
+            + cfg.confidence_weight * (bce * weights).sum()) / total
+    hits = torch.zeros(trained.shape, device=logp.device)
+    hits[trained] = (logp.argmax(-1) == choice).float()
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
-    error = (torch.sigmoid(confidence.detach()) - target_confidence).abs()
-    metrics["confidence_error"] = torch.where(trained, error, 0.0).sum() / \
-        trained.sum().clamp_min(1)
+    metrics["confidence_error"] = (torch.sigmoid(confidence.detach()) - target_confidence).abs(
+        ).mean() if confidence.numel() else confidence.new_zeros(())
     return loss, metrics

@@ -204,6 +204,22 @@ class Features:
         shape = self.last_hidden.shape[:2]
         return torch.cat(sliced).view(*shape, -1), torch.cat(choice).view(shape)
 
+    def logits_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Target logits (m, V) after positions (batch_index[i], positions[i]) (block drafters'
+        labels at arbitrary offsets); each position's next token must be trained.
+
+        Raises:
+            RuntimeError: a requested position's next token is not trained (a loss bug).
+        """
+        return self._trained_rows[1][self._rows_at(batch_index, positions)]
+
+    def _rows_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Trained-row index of each (batch_index[i], positions[i]); RuntimeError if untrained."""
+        _, row_of = self._needed
+        index = row_of[batch_index, positions]
+        _check_trained(index)
+        return index
+
     def restricted(self, columns: torch.Tensor):
         """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
         and their full-vocabulary argmax, sliced and reduced once for the whole batch (P-EAGLE's
@@ -216,9 +232,21 @@ class Features:
 
         return after
 
+    def restricted_at(self, columns: torch.Tensor, batch_index: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logits_at` over `columns` only, with the full-vocabulary argmax: ((m, len(columns)),
+        (m,)) (DFlash's draft vocabulary; see `_restricted_rows`).
+
+        Raises:
+            RuntimeError: a requested position's next token is not trained (a loss bug).
+        """
+        index = self._rows_at(batch_index, positions)
+        sliced, choice = self._restricted_rows(columns)
+        return sliced[index], choice[index]
+
     def _restricted_rows(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every trained row's logits over `columns` and full-vocabulary argmax (computed once per
-        batch), as `restricted_every` computes them."""
+        """Every trained row's logits over `columns` and full-vocabulary argmax (callers compute
+        it once per batch), as `restricted_every` computes them."""
         head = self.head
         plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
