@@ -76,6 +76,6 @@ def test_sampled_chains_and_trees_pass_the_sampling_gate(tmp_path):
     executor = _executor(tmp_path, methods, model, weak, {"peagle": ("peagle", module)})
     report = sampling_gate(executor, [Turn("tiny", "0", 0, GATE_PROMPT, [])], SAMPLES,
                            log=lambda m: 0)
-    assert [r["method"] for r in report["results"]] == list(methods)
+    assert [r["method"] for r in report["results"]] == ["plain", *methods]  # plain: the control
     assert report["failures"] == [], report["results"]
     assert all(r["dof"] >= 4 for r in report["results"]), "too few bins to test anything"
