@@ -1,11 +1,13 @@
 """A new drafter kind with a new decoding family is its own module, one registry entry and one
 format entry: a toy kind defined here, decoded by a toy family that is not one of the package's
-(not `heads`), trains, decodes losslessly, exports and loads back with no other file touched."""
+(not `heads`), trains, decodes losslessly, exports and loads back with no other file touched;
+with a `--spec-type` in its spec and a `gguf_stage` in its format entry it also exports as a
+llama.cpp draft GGUF, no GGUF module naming it."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,13 @@ from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export import export_drafter, load_any_drafter
 from draftsmith.export.formats import FORMATS
 from draftsmith.export.record import ExportedDrafter, ExportFormat
+from draftsmith.export.weights import read_json
 from draftsmith.models.layers import shift_left
 from draftsmith.registry import DRAFTERS, DrafterSpec
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 from tests.decoding.test_decode import _prompt, _reference
+from tests.helpers.export_helpers import write_checkpoint
 from tests.helpers.tiny_targets import tiny_target
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -170,3 +174,43 @@ def test_a_shape_the_kind_does_not_decode_with_is_refused(toy_kind):
     with pytest.raises(Exception, match="Toy heads drafters decode with chain trees"):
         make_drafter_proposer("drafter_dynamic", loaded, DecodeSettings())
 
+
+
+def stage_toy(config: dict, where: str) -> list[int]:
+    """The toy layout as an imagined converter reads it: heads under its own key, layer 1."""
+    config["llama_cpp_heads"] = config.pop("toy_heads")
+    return [1]
+
+
+def test_a_kinds_gguf_export_comes_from_its_spec_and_format_entry_alone(toy_kind, tmp_path,
+                                                                       monkeypatch):
+    from gguf import GGUFWriter
+
+    from draftsmith.export import gguf
+
+    monkeypatch.setitem(DRAFTERS, "toy", replace(toy_kind, engine_methods={"llama.cpp": "draft-toy"}))
+    monkeypatch.setitem(FORMATS, "toy", replace(FORMATS["toy"], gguf_stage=stage_toy))
+    seen = {}
+
+    def converter(script, arguments, outtype, partial, what):
+        """llama.cpp's converter, played: it records the staged config, writes the layers."""
+        seen["config"] = read_json(Path(arguments[0]) / "config.json")
+        writer = GGUFWriter(partial, "toy")
+        writer.add_array("toy.target_layers", [1])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    monkeypatch.setattr(gguf, "converter_script", lambda log: Path("convert_hf_to_gguf.py"))
+    monkeypatch.setattr(gguf, "_run_converter", converter)
+    target = tiny_target("llama")
+    module = ToyHeads(target.config, ToyConfig(2))
+    folder = write_checkpoint(tmp_path / "drafter", "toy", module, target, {"num_heads": 2})
+    target.config.save_pretrained(tmp_path / "target")
+    out = export_drafter(folder, "gguf", tmp_path / "gguf", target_dir=tmp_path / "target")
+
+    assert seen["config"]["llama_cpp_heads"] == 2 and "toy_heads" not in seen["config"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "draft-toy.gguf",
+                                                     "draftsmith_drafter.json"]
+    assert "--spec-type draft-toy" in (out / "README.md").read_text()

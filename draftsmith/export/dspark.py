@@ -27,6 +27,7 @@ from draftsmith.export.dflash import (
     qwen3_body,
     read_block,
 )
+from draftsmith.export.dflash_llama_cpp import refuse_llama3_rope
 from draftsmith.export.record import ExportedDrafter, ExportOptions, ServingSection, vllm_command
 from draftsmith.export.source import DraftsmithCheckpoint, float_dtype_name, require_shape
 from draftsmith.export.weights import write_weights
@@ -121,3 +122,21 @@ def dspark_serving(base: str, drafter: str, settings: dict) -> list[ServingSecti
             ServingSection("llama.cpp", note="Not from this folder: `draftsmith export CKPT "
                            "--format gguf` converts the drafter with llama.cpp's own converter "
                            "(`--spec-type draft-dspark`).")]
+
+
+def dspark_gguf_stage(config: dict, where: str) -> list[int]:
+    """llama.cpp's converter (`DSparkModel(DFlashModel)`, arch `dflash`, `--spec-type
+    draft-dspark`) reads DeepSpec's layout as written: top-level `target_layer_ids` (0-based
+    outputs, adding 1 itself), `mask_token_id`, `block_size` and `sample_from_anchor`, and records
+    `dflash.sample_from_anchor` and `dflash.has_confidence_head`. Returns the layer inputs.
+
+    Raises:
+        DraftsmithError: a Llama-3 RoPE target, or no layer ids / mask token recorded.
+    """
+    refuse_llama3_rope(config, where)
+    outputs = config.get("target_layer_ids")
+    if not outputs or config.get("mask_token_id") is None:
+        raise DraftsmithError(f"{where}/config.json records no target_layer_ids or "
+                              "mask_token_id (llama.cpp's converter would guess them); re-export "
+                              "it with `draftsmith export CKPT --format dspark`")
+    return [i + 1 for i in outputs]

@@ -313,3 +313,25 @@ def speculators_serving(base: str, drafter: str, settings: dict | None = None
     return [vllm_command(base, drafter, "eagle3", 3),
             ServingSection("SGLang", note="Not from this folder: export with `--format eagle3` "
                            "for SGLang.")]
+
+
+def eagle3_gguf_stage(config: dict, where: str) -> list[int]:
+    """Both layouts for llama.cpp's converter, which reads the fused layers as layer INPUTS from a
+    top-level `eagle_aux_hidden_state_layer_ids` and ignores `eagle_config` (falling back to
+    [2, N//2, N-3]): the official layout's 0-based outputs are written there as inputs, the
+    speculators layout already keeps them so. Returns those inputs.
+
+    Raises:
+        DraftsmithError: no three aux layer ids recorded.
+    """
+    if "speculators_model_type" in config:  # vLLM's numbering already, at the top level
+        ids = list(config.get("eagle_aux_hidden_state_layer_ids") or [])
+    else:
+        outputs = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        ids = [i + 1 for i in outputs or []]
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+    if len(ids) != 3:
+        raise DraftsmithError(f"{where}/config.json records no EAGLE-3 aux layer ids "
+                              "(eagle_config.eagle_aux_hidden_state_layer_ids); re-export it with "
+                              "`draftsmith export CKPT --format eagle3`")
+    return ids

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import dflash, dspark, eagle1, eagle3, medusa, mtp, peagle
+from draftsmith.export.dflash_llama_cpp import dflash_gguf_stage
 from draftsmith.export.record import ExportFormat
 
 FORMATS: dict[str, ExportFormat] = {
@@ -13,12 +14,13 @@ FORMATS: dict[str, ExportFormat] = {
                      "EAGLE-3, official / SGLang / SpecForge layout (LlamaForCausalLMEagle3)",
                      eagle3.write_eagle3, eagle3.matches_eagle3, eagle3.read_eagle3,
                      eagle3.eagle3_config_keys, eagle3.eagle3_serving,
-                     engines=("sglang", "vllm")),
+                     engines=("sglang", "vllm"), gguf_stage=eagle3.eagle3_gguf_stage),
         ExportFormat("speculators", "eagle3",
                      "EAGLE-3, vllm-project/speculators layout that vLLM serves (Eagle3DraftModel)",
                      eagle3.write_speculators, eagle3.matches_speculators, eagle3.read_speculators,
                      eagle3.speculators_config_keys, eagle3.speculators_serving,
-                     library_name="speculators", engines=("vllm",)),
+                     library_name="speculators", engines=("vllm",),
+                     gguf_stage=eagle3.eagle3_gguf_stage),
         ExportFormat("eagle", "eagle1", "EAGLE-1/2, SafeAILab/EAGLE layout (fc + layers.0)",
                      eagle1.write_eagle, eagle1.matches_eagle, eagle1.read_eagle,
                      eagle1.eagle_config_keys, eagle1.eagle_serving,
@@ -36,13 +38,13 @@ FORMATS: dict[str, ExportFormat] = {
                      "llama.cpp's converter load (DFlashDraftModel)",
                      dflash.write_dflash, dflash.matches_dflash, dflash.read_dflash,
                      dflash.dflash_config_keys, dflash.dflash_serving,
-                     engines=("sglang", "vllm")),
+                     engines=("sglang", "vllm"), gguf_stage=dflash_gguf_stage),
         ExportFormat("dflash-speculators", "dflash",
                      "DFlash, vllm-project/speculators layout (DFlashSpeculator)",
                      dflash.write_dflash_speculators, dflash.matches_dflash_speculators,
                      dflash.read_dflash_speculators, dflash.dflash_speculators_config_keys,
                      dflash.dflash_speculators_serving, library_name="speculators",
-                     engines=("vllm",)),
+                     engines=("vllm",), gguf_stage=dflash_gguf_stage),
         ExportFormat("dspark", "dspark",
                      "DSpark, deepseek-ai/DeepSpec layout that vLLM serves (Qwen3DSparkModel)",
                      dspark.write_dspark, dspark.matches_dspark, dspark.read_dspark,
@@ -50,7 +52,8 @@ FORMATS: dict[str, ExportFormat] = {
                      engines=("sglang", "vllm"),
                      not_served_in={"vllm 0.32.0": "the CPU build runs model runner V1; vLLM "
                                     "implements DSpark only in its V2 GPU model runner "
-                                    "(config/vllm.py refuses it: measured here)"}),
+                                    "(config/vllm.py refuses it: measured here)"},
+                     gguf_stage=dspark.dspark_gguf_stage),
         ExportFormat("peagle", "peagle",
                      "P-EAGLE, vLLM's eagle3 layout with mask_hidden and the parallel-drafting "
                      "keys (LlamaForCausalLMEagle3, served with parallel_drafting: true)",
@@ -78,6 +81,22 @@ def get_format(name: str) -> ExportFormat:
 
 def formats_for_kind(kind: str) -> list[str]:
     return [name for name, fmt in FORMATS.items() if fmt.kind == kind]
+
+
+def gguf_source_format(kind: str) -> ExportFormat:
+    """The layout `--format gguf` exports a `kind` drafter in before llama.cpp's converter reads
+    it: the kind's first format with a `gguf_stage`.
+
+    Raises:
+        DraftsmithError: no format of the kind is converted, naming the kinds that are.
+    """
+    for fmt in FORMATS.values():
+        if fmt.kind == kind and fmt.gguf_stage is not None:
+            return fmt
+    kinds = sorted({fmt.kind for fmt in FORMATS.values() if fmt.gguf_stage is not None})
+    raise DraftsmithError(f"no {kind} layout is converted to a llama.cpp draft GGUF (its format "
+                          f"entries carry no gguf_stage); --format gguf holds {' / '.join(kinds)} "
+                          f"drafters; use --format {' or '.join(formats_for_kind(kind))}")
 
 
 def detect_format(config: dict, names: set[str], where: str) -> ExportFormat:

@@ -25,9 +25,6 @@ from draftsmith.export.gguf_format import gguf_format, gguf_name
 from draftsmith.export.record import ExportOptions
 from draftsmith.files import write_json
 
-# the folder layout a kind is staged in before llama.cpp's converter reads it
-STAGED_FORMAT = {"eagle3": "eagle3", "dflash": "dflash", "dspark": "dspark"}
-
 
 def target_hf_dir(spec: str | None, given: str | Path | None = None) -> Path:
     """The target's Hugging Face folder the converter reads (config.json and tokenizer).
@@ -115,7 +112,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     """
     from draftsmith.export.card import model_card, read_eval
     from draftsmith.export.folder_export import export_folder
-    from draftsmith.export.formats import formats_for_kind
+    from draftsmith.export.formats import formats_for_kind, gguf_source_format
     from draftsmith.export.gguf import OUTTYPES, convert_to_gguf
     from draftsmith.export.out_folder import (
         CARD,
@@ -151,8 +148,8 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
-        staged = export_folder(checkpoint, STAGED_FORMAT[ckpt.kind], Path(scratch) / "staged",
-                               options=options)
+        staged = export_folder(checkpoint, gguf_source_format(ckpt.kind).name,
+                               Path(scratch) / "staged", options=options)
         convert_to_gguf(staged, hf_dir, tmp / name, log, outtype)
     base = options.base_model or base_model_id(ckpt.meta.get("target"))
     meta = {**ckpt.meta, "export": {"format": "gguf", "base_model": base, "file": name,

@@ -126,6 +126,11 @@ class ExportFormat:
             this layout as written (`export/engine_support.py` builds the support table).
         not_served_in: `"ENGINE VERSION"` -> why that version does not serve it (vLLM 0.33
             removed Medusa).
+        gguf_stage: (config.json dict, folder name for messages) -> the target layers (layer
+            inputs) the draft GGUF must record, after rewriting the dict in place into what
+            llama.cpp's `convert_hf_to_gguf.py` reads from this layout; None: llama.cpp's
+            converter does not take this layout. The kind's first format with one is the layout
+            `--format gguf` exports and converts (`formats.gguf_source_format`).
     """
 
     name: str
@@ -140,3 +145,4 @@ class ExportFormat:
     is_folder: bool = True
     engines: tuple[str, ...] = ()
     not_served_in: dict[str, str] = field(default_factory=dict)
+    gguf_stage: Callable[[dict, str], list[int]] | None = None

@@ -55,6 +55,25 @@ def read_weights(folder: str | Path, allow_pickle: bool = False) -> dict[str, to
     return tensors
 
 
+def tensor_names(folder: Path) -> set[str]:
+    """The tensor names of the weight files directly in `folder`, read from the safetensors
+    headers only (pickle files are read whole, under `read_weights`' rules).
+
+    Raises:
+        DraftsmithError: as `read_weights`.
+    """
+    from safetensors import safe_open
+
+    safe, _ = weight_files(folder)
+    if not safe:
+        return set(read_weights(folder))
+    names: set[str] = set()
+    for path in safe:
+        with safe_open(path, "pt") as weights:
+            names |= set(weights.keys())
+    return names
+
+
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
