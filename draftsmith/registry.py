@@ -51,6 +51,8 @@ class DrafterSpec:
             (parallel heads: Medusa), `modules` (chained MTP) or `block` (one forward per
             block: DFlash, DSpark).
         tree_shapes: the tree shapes it decodes with (`chain`, `static`, `dynamic`), default first.
+        drafts_in_one_forward: one drafter forward drafts every depth of a step (DFlash, DSpark,
+            P-EAGLE), so drafting costs the same at any depth: the tree autotuner prices it so.
         frozen_prefixes: parameter-name prefixes that are frozen copies of the target's tensors
             (not trained, may be left out of a saved drafter and taken from the target).
         uses_draft_vocab: its head covers a reduced draft vocabulary (EAGLE-3's d2t / t2d).
@@ -81,6 +83,7 @@ class DrafterSpec:
     loss: Callable[[nn.Module, Features], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     proposer: str
     tree_shapes: tuple[str, ...]
+    drafts_in_one_forward: bool = False
     frozen_prefixes: tuple[str, ...] = ()
     uses_draft_vocab: bool = False
     trains_target: Callable[[object], bool] = lambda config: False
@@ -220,6 +223,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
                                           f.aux_hidden, f),
             proposer="parallel",
             tree_shapes=("dynamic", "chain"),
+            drafts_in_one_forward=True,
             frozen_prefixes=("embed_tokens.",),
             uses_draft_vocab=True,
             custom_aux_layers=lambda cfg: list(cfg.layer_ids) if cfg.layer_ids else None,
@@ -250,6 +254,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             loss=dflash_loss,
             proposer="block",
             tree_shapes=("chain", "dynamic"),
+            drafts_in_one_forward=True,
             frozen_prefixes=("embed_tokens.", "lm_head."),
             uses_draft_vocab=True,
             custom_aux_layers=block_custom_layers,
@@ -269,6 +274,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             loss=dspark_loss,
             proposer="block",
             tree_shapes=("chain", "dynamic"),
+            drafts_in_one_forward=True,
             frozen_prefixes=("embed_tokens.", "lm_head."),
             custom_aux_layers=block_custom_layers,
             reads_aux_layers=True,

@@ -25,6 +25,13 @@ def _is_block(method: str, drafters: dict) -> bool:
         get_spec(drafters[method.label][0].kind).proposer == "block"
 
 
+def _one_forward(method: str, drafters: dict) -> bool:
+    """A method whose drafter drafts every depth in one forward (DFlash, DSpark, P-EAGLE)."""
+    method = Method.parse(method)
+    return method.uses_drafter and \
+        get_spec(drafters[method.label][0].kind).drafts_in_one_forward
+
+
 def check_block_length(config: EvalConfig, drafters: dict) -> None:
     """`--block-length` must not exceed what a block drafter of the run proposes per block: a
     longer one was cut to the block while eval.json recorded the length asked for.
@@ -62,6 +69,24 @@ def _autotuned(method: str, drafters: dict) -> bool:
     return shape == "dynamic" or (shape == "chain" and _is_block(method, drafters))
 
 
+def search_space(method: str, drafters: dict, topk: int) -> dict:
+    """The autotuner's candidates and cost model for one method (`autotune_tree`'s keywords).
+
+    A drafter that drafts every depth in one forward (DFlash, DSpark, P-EAGLE) costs the same at
+    any depth and is tried at each depth it proposes; a block drafter's best-first tree holds
+    k + k^2 + ... nodes, more than EAGLE-2's top-k cap, so its sizes are not clamped, and its
+    chain is tuned by length. Other drafters pay one forward per depth under the run's top-k.
+    """
+    shape = {"topk": topk}
+    if _one_forward(method, drafters):
+        drafter = drafters[Method.parse(method).label][0]
+        shape |= {"depths": tuple(range(1, drafter.module.proposals + 1)), "draft_per_step": True}
+    if _is_block(method, drafters):
+        drafter = drafters[Method.parse(method).label][0]
+        shape |= {"chain": tree_shape(method, drafter.kind) == "chain", "topk": None}
+    return shape
+
+
 def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBudget,
                                                                            DecodeSettings]:
     """Pick depth and total_tokens of one dynamic-tree method on this machine (autotune.py); a
@@ -86,10 +111,7 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
                              drafter)
 
     hidden = make(1, 1).needs_hidden_states
-    # a best-first block tree holds k + k^2 + ... nodes, more than EAGLE-2's cap: sizes unclamped
-    shape = {"depths": tuple(range(1, drafter.module.proposals + 1)), "draft_per_step": True,
-             "chain": tree_shape(method, drafter.kind) == "chain", "topk": None} if block else \
-        {"topk": cfg.settings.tree.topk}
+    shape = search_space(method, runner.drafters, cfg.settings.tree.topk)
     try:
         budget = autotune_tree(runner.target_runner(model, hidden), make, calibration,
                                sampling=cfg.sampling, **shape)
@@ -97,8 +119,8 @@ def _autotune(runner: MethodExecutor, method: str, prompts, log) -> tuple[TreeBu
         raise DraftsmithError(f"--tree-total-tokens auto for {method}: {err}") from None
     budget.calibration_prompts = [f"{p.set_name}/{p.item_id}" for p in chosen]
     best = f"{budget.depth},{budget.total_tokens}"
-    drafting = f"{budget.draft_seconds_per_step * 1e3:.1f} ms per block" if block else \
-        f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth"
+    drafting = f"{budget.draft_seconds_per_step * 1e3:.1f} ms per step" \
+        if shape.get("draft_per_step") else f"{budget.draft_seconds_per_depth * 1e3:.1f} ms/depth"
     log(f"{'block' if block else 'tree'} for {method}: depth {budget.depth}, "
         f"{budget.total_tokens} tokens (expected tau {budget.expected_tau[best]:.2f}, drafting "
         f"{drafting}, verify "
