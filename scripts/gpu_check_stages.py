@@ -289,7 +289,7 @@ def drafter_step(kind: str, config, settings: dict, shape: tuple[int, int], devi
     `step()` runs the kind's loss in `dtype` autocast and its backward, and returns the loss."""
     import torch
 
-    from draftsmith.data.draft_vocab import build_draft_vocab
+    from draftsmith.draft_vocab.vocab import build_draft_vocab
     from draftsmith.models.features import cached_features
     from draftsmith.registry import get_spec
 
@@ -457,7 +457,7 @@ def attention_stage(stage: Stage) -> dict:
 def target8b_stage(stage: Stage) -> dict:
     import torch
 
-    from draftsmith.data.draft_vocab import build_draft_vocab
+    from draftsmith.draft_vocab.vocab import build_draft_vocab
     from draftsmith.plan.report import format_report, plan_recipe
     from draftsmith.train.loop import make_accelerator, run_training
     from draftsmith.train.recipe import load_recipe

@@ -5,7 +5,8 @@ Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
 
   0  errors, files, config_values, provenance        plain utilities
   1  process_group                                    leaving a multi-process run
-  2  models                                           nn.Modules, pure losses, target features
+  2  models, draft_vocab                              nn.Modules, pure losses, target features;
+                                                      the draft vocabulary (drafters share it)
   3  registry, target, drafter_folder                 drafter kinds; the target (loading, its
                                                       precision, offline models, int8 copies,
                                                       chat replies); loading drafters
@@ -30,7 +31,7 @@ PACKAGE = Path(draftsmith.__file__).parent
 LAYERS = [
     ("errors", "files", "config_values", "provenance", "recipes_index"),
     ("process_group",),
-    ("models",),
+    ("models", "draft_vocab"),
     ("registry", "target", "drafter_folder"),
     ("decoding",),
     ("engines",),

@@ -64,7 +64,7 @@ def worker_step(args) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from draftsmith.data.draft_vocab import load_draft_vocab
+    from draftsmith.draft_vocab.file import load_draft_vocab
     from draftsmith.models.eagle3 import Eagle3Config
     from draftsmith.models.features import cached_features
     from draftsmith.registry import get_spec
@@ -118,10 +118,10 @@ def worker_train(args) -> dict:
     (this tree: the per-rank stream; before: the whole cache read into a list): peak RSS."""
     import torch
 
+    from draftsmith.draft_vocab.file import read_draft_vocab
     from draftsmith.target.load import load_target
     from draftsmith.train.loop import run_training
     from draftsmith.train.recipe import build_recipe
-    from draftsmith.train.run import read_draft_vocab
 
     torch.manual_seed(0)
     target = load_target("smollm2-135m-instruct")

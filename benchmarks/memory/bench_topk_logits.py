@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from draftsmith.data.draft_vocab import load_draft_vocab
+from draftsmith.draft_vocab.file import load_draft_vocab
 from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.models.features import cached_features
 from draftsmith.registry import get_spec

@@ -26,9 +26,10 @@ def prepare(recipe_path: str, overrides: list[str]) -> None:
 
 def train(recipe_path: str, overrides: list[str]) -> None:
     """`draftsmith train` less the data pipeline (already run): the same loading and loop."""
+    from draftsmith.draft_vocab.file import read_draft_vocab
     from draftsmith.train.loop import make_accelerator, run_training
     from draftsmith.train.recipe import load_recipe
-    from draftsmith.train.run import read_draft_vocab, read_tokenized
+    from draftsmith.train.run import read_tokenized
 
     recipe = load_recipe(recipe_path, overrides)
     accelerator = make_accelerator(recipe)

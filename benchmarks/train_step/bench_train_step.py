@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data.draft_vocab import load_draft_vocab
+from draftsmith.draft_vocab.file import load_draft_vocab
 from draftsmith.files import write_json
 from draftsmith.models.eagle3 import eagle3_loss
 from draftsmith.models.features import cached_features

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.cache_step import build_recipe_cache, cache_step
 from draftsmith.data.config import DataConfig, DataRecipe
 from draftsmith.data.conversations import Conversation
 from draftsmith.data.data_run import DataRun
 from draftsmith.data.datastore import build_datastore_step
-from draftsmith.data.draft_vocab import draft_vocab_step
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.ranks import ONE_PROCESS, Ranks
 from draftsmith.data.regeneration_step import regeneration_step
@@ -34,6 +34,7 @@ from draftsmith.data.render import (
 )
 from draftsmith.data.shards import check_run_target
 from draftsmith.data.sources import load_conversations
+from draftsmith.draft_vocab.counting import draft_vocab_step
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import read_json_dict, write_atomic, write_json
 from draftsmith.registry import get_spec
@@ -117,10 +118,18 @@ def _run_steps(recipe: DataRecipe, stop_after_shards: int | None, progress: bool
             return _finish(run.out_dir, summary, log)
     if data.draft_vocab_size is not None:
         vocab_size = int(run.target.model.config.get_text_config().vocab_size)
-        cached = run.out_dir / "cache" if data.cache is not None else None
         summary["draft_vocab"] = draft_vocab_step(data.draft_vocab_size, vocab_size, samples,
-                                                  cached, run.out_dir, log)
+                                                  _cache_shards(run.out_dir, data), run.out_dir, log)
     return _finish(run.out_dir, summary, log)
+
+
+def _cache_shards(out_dir: Path, data: DataConfig) -> list[Path]:
+    """The finished cache's shard files, where the target's own choices are stored (none when
+    the recipe builds no cache)."""
+    if data.cache is None:
+        return []
+    cache = FeatureCache.open(out_dir / "cache")
+    return [cache.folder / shard["file"] for shard in cache.shards]
 
 
 def _load_source(data: DataConfig, log: Callable[[str], None]) -> tuple[list[Conversation], dict]:

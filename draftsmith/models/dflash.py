@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.draft_vocab.drafter import DraftVocabMixin
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.block_layers import KV, BlockDecoderLayer, ContextCache
-from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import Rotary, drafter_layer_config
 
 LOSSES = ("kl", "ce")
@@ -148,7 +148,7 @@ def resolve_mask_token(target_config, chosen: int | None) -> int:
                           "drafter.mask_token_id to a token the data never holds")
 
 
-class DFlashDrafter(DraftVocab, nn.Module):
+class DFlashDrafter(DraftVocabMixin, nn.Module):
     """DFlash drafter for a given target config.
 
     Frozen copies of the target: `embed_tokens`, `lm_head` (with a draft vocabulary: the target's

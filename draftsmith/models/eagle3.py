@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.draft_vocab.drafter import DraftVocabMixin
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.draft_vocab import DraftVocab
 from draftsmith.models.layers import (
     KV,
     DraftDecoderLayer,
@@ -139,7 +139,7 @@ class Eagle3Midlayer(DraftDecoderLayer):
         return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, extra_kv)
 
 
-class Eagle3Drafter(DraftVocab, nn.Module):
+class Eagle3Drafter(DraftVocabMixin, nn.Module):
     """EAGLE-3 drafter for a given target config (EAGLE-3.1 with `fc_norm` / `norm_output`).
 
     Frozen parts copied from the target: `embed_tokens`, and `lm_head` with `freeze_head`.

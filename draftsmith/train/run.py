@@ -46,43 +46,6 @@ def _token_list(value) -> bool:
         isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
-def read_draft_vocab(path: Path, vocab_size: int):
-    """The data's EAGLE-3 draft vocabulary (None when there is no file), checked against the
-    target: t2d has one entry per target token, d2t one per chosen token, and every draft id
-    maps to a target id that t2d marks.
-
-    Raises:
-        DraftsmithError: the file is damaged or was built for another vocabulary.
-    """
-    from safetensors import SafetensorError
-
-    from draftsmith.data.draft_vocab import load_draft_vocab
-
-    if not path.is_file():
-        return None
-    fix = (f"delete {path} and run `draftsmith data run` again (with data.draft_vocab_size set) "
-           "to rebuild it for this target")
-    try:
-        vocab = load_draft_vocab(path)
-    except (SafetensorError, OSError) as err:
-        raise DraftsmithError(f"{path} is damaged (not readable safetensors: {err}); "
-                              f"{fix}") from None
-    if vocab.t2d.dim() != 1 or vocab.t2d.numel() != vocab_size:
-        raise DraftsmithError(f"{path} is for a vocabulary of {vocab.t2d.numel():,} tokens (t2d "
-                              f"shape {list(vocab.t2d.shape)}) but the target has {vocab_size:,}; "
-                              f"{fix}")
-    chosen = int(vocab.t2d.sum())
-    consistent = vocab.d2t.dim() == 1 and vocab.d2t.numel() == chosen
-    if consistent and chosen:
-        mapped = vocab.draft_to_target
-        consistent = (int(mapped.min()) >= 0 and int(mapped.max()) < vocab_size
-                      and bool(vocab.t2d.bool()[mapped].all()))
-    if not consistent:
-        raise DraftsmithError(f"{path} is inconsistent: d2t (shape {list(vocab.d2t.shape)}) does "
-                              f"not map onto the {chosen:,} tokens t2d marks; {fix}")
-    return vocab
-
-
 def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path = "RECIPE"
                    ) -> tuple[list[dict] | CacheStream, object | None]:
     """Training examples (or, offline, this rank's stream of the cache) and the draft vocabulary
@@ -97,6 +60,7 @@ def build_examples(recipe: Recipe, accelerator, target, recipe_path: str | Path 
         DraftsmithError: several processes and data that is not prepared (naming the command).
     """
     from draftsmith.data.pipeline import run_data_recipe, unfinished
+    from draftsmith.draft_vocab.file import read_draft_vocab
     from draftsmith.train.target_parts import holds_whole
 
     data = dict(recipe.data)
@@ -216,8 +180,8 @@ def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:
     Raises:
         DraftsmithError: the data builds no draft vocabulary, or one of another size.
     """
+    from draftsmith.draft_vocab.drafter import missing_draft_vocab
     from draftsmith.registry import get_spec
-    from draftsmith.train.draft_vocab import missing_draft_vocab
 
     if not get_spec(recipe.kind).uses_draft_vocab:
         return

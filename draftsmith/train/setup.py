@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
+from draftsmith.draft_vocab.drafter import install_draft_vocab
 from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.registry import DrafterSpec, get_spec
 from draftsmith.train.batching import ExampleBatches
 from draftsmith.train.budget import StepSchedule
 from draftsmith.train.cache_stream import CacheStream
-from draftsmith.train.draft_vocab import install_draft_vocab
 from draftsmith.train.joint import wrap_with_lora
 from draftsmith.train.loss_module import LossModule, init_from_first_batch
 from draftsmith.train.optimizers import build_optimizer

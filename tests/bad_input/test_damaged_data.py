@@ -1,23 +1,20 @@
 """Damaged data folders end in one clear error each, never a short or silent training run
 (issue #18): a cache or regeneration shard truncated or deleted behind the manifest's back, a
-manifest that is not JSON, a tokenized.jsonl with a bad line, a draft vocabulary for another
-vocabulary or damaged."""
+manifest that is not JSON, a tokenized.jsonl with a bad line (a damaged draft vocabulary:
+tests/draft_vocab/test_file.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from draftsmith.data.cache import build_feature_cache
 from draftsmith.data.cache_reader import FeatureCache
-from draftsmith.data.draft_vocab import build_draft_vocab, save_draft_vocab
 from draftsmith.data.render import RenderedSample
 from draftsmith.data.sources import load_conversations
 from draftsmith.errors import DraftsmithError
-from draftsmith.train.run import read_draft_vocab, read_tokenized
+from draftsmith.train.run import read_tokenized
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
@@ -76,32 +73,6 @@ def test_a_bad_tokenized_line_is_refused_with_its_number(tmp_path, line, message
     path.write_text('{"input_ids": [3, 4], "loss_mask": [0, 1]}\n' + line + "\n")
     with pytest.raises(DraftsmithError, match=message + r".*`draftsmith data run` again"):
         read_tokenized(path)
-
-
-def _vocab(vocab_size=128, draft=16):
-    return build_draft_vocab(torch.arange(vocab_size, dtype=torch.int64), draft)
-
-
-def test_a_draft_vocab_of_another_size_is_refused(tmp_path):
-    path = save_draft_vocab(_vocab(), tmp_path / "draft_vocab.safetensors")
-    assert read_draft_vocab(path, 128).d2t.numel() == 16
-    with pytest.raises(DraftsmithError, match=r"vocabulary of 128 tokens .* but the target has "
-                                              r"49,152; delete .*draft_vocab.safetensors"):
-        read_draft_vocab(path, 49152)
-    assert read_draft_vocab(tmp_path / "none.safetensors", 128) is None
-
-
-def test_a_damaged_or_inconsistent_draft_vocab_is_refused(tmp_path):
-    path = tmp_path / "draft_vocab.safetensors"
-    save_draft_vocab(_vocab(), path)
-    path.write_bytes(path.read_bytes()[:60])
-    with pytest.raises(DraftsmithError, match=r"draft_vocab.safetensors is damaged"):
-        read_draft_vocab(path, 128)
-    vocab = _vocab()
-    save_file({"d2t": vocab.d2t[:10].contiguous(), "t2d": vocab.t2d}, str(path))
-    with pytest.raises(DraftsmithError, match=r"inconsistent: d2t \(shape \[10\]\) does not map "
-                                              r"onto the 16 tokens t2d marks"):
-        read_draft_vocab(path, 128)
 
 
 @pytest.fixture

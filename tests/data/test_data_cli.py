@@ -8,7 +8,7 @@ import yaml
 
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.cli import add_data_parser, main, marked_text
-from draftsmith.data.draft_vocab import load_draft_vocab
+from draftsmith.draft_vocab.file import load_draft_vocab
 from draftsmith.errors import DraftsmithError
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer

@@ -7,10 +7,10 @@ import torch
 from draftsmith.data.cache import build_feature_cache, plan_shards
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.conversations import Conversation
-from draftsmith.data.draft_vocab import token_counts
 from draftsmith.data.features import layers_for_kind, layers_for_kinds
 from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import render_conversations, resolve_chat_template
+from draftsmith.draft_vocab.counting import token_counts
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.features import extract_features, hidden_key
 from tests.helpers.tiny_targets import tiny_target
@@ -267,7 +267,7 @@ def test_cache_records_the_targets_choices_and_the_vocab_counts_them(setup, tmp_
     the draft vocabulary counts it where the next token is trained, per sample."""
     from safetensors import safe_open
 
-    from draftsmith.data.draft_vocab import target_choice_counts
+    from draftsmith.draft_vocab.counting import target_choice_counts
 
     model, _, samples = setup
     build(setup, tmp_path)
@@ -282,4 +282,5 @@ def test_cache_records_the_targets_choices_and_the_vocab_counts_them(setup, tmp_
     first = cache.shards[0]
     with safe_open(tmp_path / first["file"], framework="pt") as handle:
         assert handle.get_tensor("target_argmax").dtype == torch.int32
-    assert torch.equal(target_choice_counts(tmp_path, model.config.vocab_size), expected)
+    shards = [tmp_path / shard["file"] for shard in cache.shards]
+    assert torch.equal(target_choice_counts(shards, model.config.vocab_size), expected)

@@ -43,8 +43,9 @@ def training_cases() -> list:
 def training_vocab(kind: str, settings: dict, target, examples: list[dict]):
     """The draft vocabulary a drafter of `kind` trains with, counted from the loss-masked tokens of
     `examples` as the data pipeline counts it without a cache; None for kinds without one."""
-    from draftsmith.data.draft_vocab import build_draft_vocab, token_counts
     from draftsmith.data.render import RenderedSample
+    from draftsmith.draft_vocab.counting import token_counts
+    from draftsmith.draft_vocab.vocab import build_draft_vocab
 
     spec = get_spec(kind)
     if not spec.uses_draft_vocab:
