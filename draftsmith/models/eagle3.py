@@ -167,9 +167,7 @@ class Eagle3Drafter(DraftVocabMixin, nn.Module):
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = Eagle3Midlayer(layer_config)
         self.norm = LlamaRMSNorm(hidden, layer_config.rms_norm_eps)
-        # P-EAGLE builds this module from its own config, which has no freeze_head (yet)
-        frozen_head = getattr(config, "freeze_head", False)
-        self.lm_head = nn.Linear(hidden, vd, bias=False).requires_grad_(not frozen_head)
+        self.lm_head = nn.Linear(hidden, vd, bias=False).requires_grad_(not config.freeze_head)
         self.rotary = Rotary(layer_config)
         self.add_draft_vocab(vd, vocab)
 

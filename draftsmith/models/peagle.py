@@ -56,6 +56,8 @@ class PEagleConfig:
         position_weights: `geometric` (step_weight ** d), `decay` or `dpace`.
         step_weight: weight decay per depth of `geometric`; 1.0 = none, as the peers train.
         decay_gamma: gamma of `decay`.
+        freeze_head: the draft head keeps the target's draft-vocabulary rows, untrained (see
+            `Eagle3Config`; speculators' P-EAGLE, like its EAGLE-3, freezes `lm_head`).
     """
 
     draft_vocab_size: int = 32000
@@ -70,6 +72,7 @@ class PEagleConfig:
     position_weights: str = "geometric"
     step_weight: float = 1.0
     decay_gamma: float = 4.0
+    freeze_head: bool = False
 
     def __post_init__(self):
         if self.draft_vocab_size < 1:

@@ -1,4 +1,4 @@
-"""EAGLE-3's `freeze_head`: the draft head keeps the target's draft-vocabulary rows through
+"""EAGLE-3's and P-EAGLE's `freeze_head`: the draft head keeps the target's draft-vocabulary rows through
 training (no gradient, no optimizer state, Muon or AdamW), everything else still trains, and the
 head is still part of the saved drafter (engines read the draft-vocabulary rows from it)."""
 
@@ -13,11 +13,13 @@ from draftsmith.train.optimizers import build_optimizer
 from draftsmith.train.recipe import TrainSection
 from tests.helpers.tiny_targets import tiny_target
 
+DEPTHS = {"eagle3": {"ttt_steps": 2}, "peagle": {"num_depths": 2}}
 
-def _frozen_head_drafter(freeze_head: bool):
+
+def _frozen_head_drafter(freeze_head: bool, kind: str = "eagle3"):
     target = tiny_target("llama")
-    spec = get_spec("eagle3")
-    config = spec.make_config({"draft_vocab_size": 96, "ttt_steps": 2,
+    spec = get_spec(kind)
+    config = spec.make_config({"draft_vocab_size": 96, **DEPTHS[kind],
                                "freeze_head": freeze_head})
     torch.manual_seed(0)
     drafter = spec.build(target.config, config)
@@ -25,15 +27,17 @@ def _frozen_head_drafter(freeze_head: bool):
     return target, spec, config, drafter
 
 
-def test_freeze_head_is_off_by_default_and_the_head_trains():
-    _, _, config, drafter = _frozen_head_drafter(False)
+@pytest.mark.parametrize("kind", list(DEPTHS))
+def test_freeze_head_is_off_by_default_and_the_head_trains(kind):
+    _, _, config, drafter = _frozen_head_drafter(False, kind)
     assert config.freeze_head is False
     assert drafter.lm_head.weight.requires_grad
 
 
+@pytest.mark.parametrize("kind", list(DEPTHS))
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_a_frozen_head_keeps_the_targets_rows_and_the_rest_trains(optimizer):
-    target, spec, config, drafter = _frozen_head_drafter(True)
+def test_a_frozen_head_keeps_the_targets_rows_and_the_rest_trains(optimizer, kind):
+    target, spec, config, drafter = _frozen_head_drafter(True, kind)
     head_rows = target.lm_head.weight[drafter.draft_ids()].clone()
     assert not drafter.lm_head.weight.requires_grad
     assert torch.equal(drafter.lm_head.weight, head_rows)
