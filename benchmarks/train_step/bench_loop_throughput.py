@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--append", action="store_true",
+                        help="add these runs to --out's (one lock hold per mode: A/B either way)")
     parser.add_argument("--child-out")
     parser.add_argument("--padding", action="store_true",
                         help="print the padding shares of whole epochs (no training) and stop")
@@ -193,15 +195,16 @@ def main() -> None:
         return child(args, overrides)
     if args.padding:
         return print(json.dumps(padding(args, overrides), indent=1))
-    runs = []
+    runs = json.loads(args.out.read_text())["runs"] if args.append else []
     for round_ in range(args.rounds):
         for mode in args.modes.split(","):
             arms = [("before", args.before), ("after", args.after)]
             for arm, checkout in arms if round_ % 2 == 0 else arms[::-1]:
                 tag = f"{mode}-{arm}-{round_}"
+                load = os.getloadavg()[0]
                 result = {"arm": arm, "mode": mode, "round": round_,
-                          "load_average": os.getloadavg()[0],
-                          **run_arm(checkout.resolve(), mode, args, overrides, tag)}
+                          **run_arm(checkout.resolve(), mode, args, overrides, tag),
+                          "load_average": [load, os.getloadavg()[0]]}
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write(args, runs, overrides)

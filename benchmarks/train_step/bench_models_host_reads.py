@@ -1,22 +1,25 @@
-"""Seconds per drafter step (forward + loss + backward) and host reads per step of every kind, at
-the quickstart's shapes, for the loss code at two checkouts, alternated kind by kind (a
-benchmark, not a test).
+"""Seconds per drafter step (forward + loss + backward) and host reads per step of every kind, on
+batches of real conversations planned as training plans them, for the loss code at two checkouts,
+alternated kind by kind (a benchmark, not a test).
 
-    git worktree add /tmp/before <commit before the change>
-    git worktree add /tmp/after <commit of the change>
+    git worktree add --detach /tmp/before <commit before the change>
+    git worktree add --detach /tmp/after <commit of the change>
     flock /tmp/draftsmith-bench.lock .venv/bin/python \\
         benchmarks/train_step/bench_models_host_reads.py --before /tmp/before --after /tmp/after \\
-        --out benchmarks/train_step/models-host-reads.json
+        --data runs/quickstart/data --out benchmarks/train_step/models-host-reads.json
 
-Each measurement runs in a fresh process whose `draftsmith` is the checkout's (PYTHONPATH). The
-target is SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 30 layers) with
-random weights; its features are random tensors of that shape (the target's own forward is not
-timed). Batch 8 x 512 as recipes/smollm2-135m/eagle3.yaml, right-padded rows of 256..512 real
-tokens whose first 32..128 (the prompt) are not trained. Drafter settings are the smollm2-135m
-recipes' (recipes/smollm2-135m/<kind>.yaml; Medusa's is medusa1.yaml). A first step on one sequence, under a dispatch mode that counts `_local_scalar_dense`,
-`nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and the read count; the
-next `--steps` of the full batch are timed, in wall seconds and in the process's CPU seconds
-(both threads), the latter steadier on a machine that others load too.
+The batches are the data's (`tokenized.jsonl` of a data run: input ids and loss masks) cut to
+`--max-length` and planned by this checkout's `train.batching` (`tokens`: length-bucketed
+batches of at most `--budget` padded tokens; `rows`: `--batch-size` sequences paired at random,
+right-padded), collated by `train/batching.py`; both arms get the same batches. Each measurement
+runs in a fresh process whose `draftsmith` is the checkout's (PYTHONPATH). The target is
+SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 30 layers) with random
+weights; its features are random tensors of each batch's shape (the target's own forward is not
+timed). Drafter settings are the smollm2-135m recipes' (recipes/smollm2-135m/<kind>.yaml;
+Medusa's is medusa1.yaml). The first batch, under a dispatch mode that counts
+`_local_scalar_dense`, `nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and
+the read count; the next `--steps` batches are timed, in wall seconds and in the process's CPU
+seconds (both threads).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -32,11 +36,10 @@ from pathlib import Path
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m"
 KINDS = {"eagle1": "eagle1", "eagle3": "eagle3", "medusa": "medusa1", "mtp": "mtp",
-         "dflash": "dflash", "dspark": "dspark"}  # kind -> its recipe's drafter settings
+         "dflash": "dflash", "dspark": "dspark", "peagle": "peagle"}  # kind -> its recipe
 SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
          "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
          "max_position_embeddings": 8192, "tie_word_embeddings": True}
-BATCH, LENGTH = 8, 512
 
 
 def _reads_mode():
@@ -62,47 +65,74 @@ def _reads_mode():
     return Reads()
 
 
-def synthetic_masks(gen, size: int):
-    """(input_ids, attention_mask, loss_mask) (size, LENGTH): 256..512 real tokens a row, the
-    first 32..128 an untrained prompt."""
-    import torch
+def plan_batches(args, count: int) -> list[dict]:
+    """The first `count` batches of the data's epoch 0 under `args.batching`, collated (input
+    ids, attention and loss masks: (B, T) each)."""
+    from draftsmith.train.batching import collate, token_batches
+    from draftsmith.train.run import read_tokenized
 
-    lengths = torch.randint(256, LENGTH + 1, (size,), generator=gen)
-    prompts = torch.randint(32, 129, (size,), generator=gen)
-    index = torch.arange(LENGTH)[None]
-    attention_mask = (index < lengths[:, None]).long()
-    loss_mask = attention_mask * (index >= prompts[:, None])
-    return torch.randint(2, 8192, (size, LENGTH), generator=gen) * attention_mask, \
-        attention_mask, loss_mask
+    examples = read_tokenized(args.data / "tokenized.jsonl")
+    lengths = [min(len(e["input_ids"]), args.max_length) for e in examples]
+    rng = random.Random(f"{args.seed}:0:{args.batching}")
+    if args.batching == "tokens":
+        pool = 64 * max(1, args.budget // args.max_length)  # as train/batching.py plans
+        plan = token_batches(lengths, args.budget, pool, rng)
+    else:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        plan = [order[i:i + args.batch_size]
+                for i in range(0, len(order) - args.batch_size + 1, args.batch_size)]
+    if len(plan) < count:
+        raise SystemExit(f"{args.data} gives {len(plan)} batches; --steps asks for {count - 1} "
+                         "timed after one warm-up: lower --steps or use more data")
+    return [collate([examples[i] for i in b], args.max_length) for b in plan[:count]]
 
 
-def eagle3_rows() -> str:
-    """Rows EAGLE-3's row-wise parts compute on the timed batch: packed (the old step: real
+def batch_tokens(batches: list[dict]) -> dict:
+    """Real, trained and padded tokens of the timed batches (all but the first), per step."""
+    timed = batches[1:] or batches  # --steps 0: the counted batch
+    real = sum(int(b["attention_mask"].sum()) for b in timed)
+    padded = sum(b["input_ids"].numel() for b in timed)
+    trained = sum(int(b["loss_mask"].sum()) for b in timed)
+    return {"real_tokens_per_step": real / len(timed), "trained_tokens_per_step":
+            trained / len(timed), "padded_tokens_per_step": padded / len(timed),
+            "padding_share": 1 - real / padded,
+            "shapes": [list(b["input_ids"].shape) for b in batches]}
+
+
+def eagle3_rows(batches: list[dict]) -> str:
+    """Rows EAGLE-3's row-wise parts compute on the timed batches: packed (the old step: real
     tokens at step 0, positions trained at that step or later after, heads on trained rows)
-    against every position (the new step), as a Markdown table."""
+    against every position (the read-free step), as a Markdown table."""
     import torch
 
     from draftsmith.models.eagle3 import ttt_rows
     from draftsmith.models.layers import shift_left
 
     steps = recipe_settings("eagle3")["ttt_steps"]
-    gen = torch.Generator().manual_seed(1)  # as the worker draws: the counted sequence first
-    synthetic_masks(gen, 1)
-    for _ in range(4):  # its last hidden state and three fused layers
-        torch.randn(1, LENGTH, SHAPE["hidden_size"], generator=gen)
-    _, attention_mask, loss_mask = synthetic_masks(gen, BATCH)
-    index = torch.arange(LENGTH)[None]
-    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < LENGTH - 2 - j) for j in range(steps)]
-    counts = [(sum(int(n.sum()) for n in ttt_rows(attention_mask, valid)), BATCH * LENGTH * steps),
-              (sum(int(v.sum()) for v in valid), sum(BATCH * (LENGTH - 2 - j)
-                                                     for j in range(steps))),
-              (int((shift_left(loss_mask, 1) > 0).sum()), BATCH * LENGTH)]
-    lines = [f"real tokens {int(attention_mask.sum()):,}, trained {int(loss_mask.sum()):,} of "
-             f"{BATCH * LENGTH:,}", "",
-             f"| EAGLE-3, {steps} TTT steps | rows before | rows after | ratio |",
+    totals = [[0, 0] for _ in range(3)]
+    real = trained = padded = 0
+    for batch in batches[1:]:
+        attention_mask, loss_mask = batch["attention_mask"], batch["loss_mask"]
+        b, t = attention_mask.shape
+        index = torch.arange(t)[None]
+        valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+        counts = [(sum(int(n.sum()) for n in ttt_rows(attention_mask, valid)), b * t * steps),
+                  (sum(int(v.sum()) for v in valid), sum(b * max(t - 2 - j, 0)
+                                                         for j in range(steps))),
+                  (int((shift_left(loss_mask, 1) > 0).sum()), b * t)]
+        for total, (before, after) in zip(totals, counts, strict=True):
+            total[0] += before
+            total[1] += after
+        real += int(attention_mask.sum())
+        trained += int(loss_mask.sum())
+        padded += b * t
+    lines = [f"{len(batches) - 1} batches: real tokens {real:,}, trained {trained:,} of "
+             f"{padded:,}", "",
+             f"| EAGLE-3, {steps} TTT steps | rows packed | rows every position | ratio |",
              "|---|---|---|---|"]
     for name, (before, after) in zip(("decoder layer (all steps)", "draft head (all steps)",
-                                      "target head (once)"), counts, strict=True):
+                                      "target head (once)"), totals, strict=True):
         lines.append(f"| {name} | {before:,} | {after:,} | {after / before:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -115,8 +145,8 @@ def recipe_settings(kind: str) -> dict:
     return {key: value for key, value in drafter.items() if key != "kind"}
 
 
-def worker(kind: str, dtype_name: str, steps: int) -> dict:
-    """One kind at one precision in this process's `draftsmith`."""
+def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
+    """One kind at one precision in this process's `draftsmith`, on the saved batches."""
     import torch
     from torch import nn
     from transformers import LlamaConfig
@@ -141,14 +171,13 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
     gen = torch.Generator().manual_seed(1)
     layers = spec.aux_layers(config.num_hidden_layers, settings)
 
-    def batch(size):
-        input_ids, attention_mask, loss_mask = synthetic_masks(gen, size)
-
+    def features(batch):
         def hidden():
-            return torch.randn(size, LENGTH, config.hidden_size, generator=gen).to(feature_dtype)
+            return torch.randn(*batch["input_ids"].shape, config.hidden_size,
+                               generator=gen).to(feature_dtype)
 
-        return Features(input_ids, attention_mask, loss_mask, hidden(),
-                        [hidden() for _ in layers], head)
+        return Features(batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
+                        hidden(), [hidden() for _ in layers], head)
 
     def step(features):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -156,51 +185,70 @@ def worker(kind: str, dtype_name: str, steps: int) -> dict:
         loss.backward()
         drafter.zero_grad(set_to_none=True)
 
+    batches = [features(b) for b in torch.load(batches_path)]
     reads = _reads_mode()
-    with reads:  # the count, and the warm-up, on one sequence
-        step(batch(1))
+    with reads:  # the count, and the warm-up, on the first batch
+        step(batches[0])
     counted = {"host_reads": sum(reads.counts.values()), "reads_by_op": dict(reads.counts)}
-    if steps == 0:  # --count-only
+    if len(batches) == 1:  # --steps 0
         return counted
-    batches = [batch(BATCH) for _ in range(steps)]
     wall, cpu = time.perf_counter(), time.process_time()
-    for features in batches:
-        step(features)
-    return {"seconds_per_step": (time.perf_counter() - wall) / steps,
-            "cpu_seconds_per_step": (time.process_time() - cpu) / steps, **counted}
+    for batch in batches[1:]:
+        step(batch)
+    timed = len(batches) - 1
+    return {"seconds_per_step": (time.perf_counter() - wall) / timed,
+            "cpu_seconds_per_step": (time.process_time() - cpu) / timed, **counted}
 
 
-def run(checkout: Path, kind: str, dtype: str, steps: int) -> dict:
+def run(checkout: Path, kind: str, dtype: str, batches_path: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     script = str(Path(__file__).resolve())
-    out = subprocess.run([sys.executable, script, "--worker", kind, dtype, str(steps)],
-                         env=env, check=True, capture_output=True, text=True, cwd=checkout)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    load = os.getloadavg()[0]
+    out = subprocess.run([sys.executable, script, "--worker", kind, dtype, str(batches_path)],
+                         env=env, capture_output=True, text=True, cwd=checkout)
+    if out.returncode:
+        raise SystemExit(f"{kind} {dtype} at {checkout} failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(out.stdout.strip().splitlines()[-1]),
+            "load_average": [load, os.getloadavg()[0]]}
 
 
 def table(record: dict) -> str:
-    """The record's rows as a Markdown table (s/step where timed, reads always)."""
+    """The record's rows as a Markdown table (s/step and real tokens/s where timed, reads
+    always)."""
+    per_step = record["tokens"]["real_tokens_per_step"]
+
     def seconds(run, key):
         return f"{run[key]:.2f}" if key in run else "-"
 
-    lines = ["| kind | dtype | wall s/step before | after | CPU s/step before | after | "
-             "host reads before | after |", "|---|---|---|---|---|---|---|---|"]
+    def rate(run):
+        return f"{per_step / run['seconds_per_step']:,.0f}" if "seconds_per_step" in run else "-"
+
+    lines = ["| kind | dtype | s/step before | after | CPU s/step before | after | real tokens/s "
+             "before | after | host reads before | after |", "|---" * 10 + "|"]
     for row in record["rows"]:
         before, after = row["before"], row["after"]
         lines.append(f"| {row['kind']} | {row['dtype']} | {seconds(before, 'seconds_per_step')} | "
                      f"{seconds(after, 'seconds_per_step')} | "
                      f"{seconds(before, 'cpu_seconds_per_step')} | "
-                     f"{seconds(after, 'cpu_seconds_per_step')} | {before['host_reads']} | "
-                     f"{after['host_reads']} |")
+                     f"{seconds(after, 'cpu_seconds_per_step')} | {rate(before)} | "
+                     f"{rate(after)} | {before['host_reads']} | {after['host_reads']} |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="checkout of the old code (required)")
     parser.add_argument("--after", type=Path, default=Path.cwd())
-    parser.add_argument("--steps", type=int, default=1,
-                        help="timed steps per measurement; 0 counts the reads only (no lock "
+    parser.add_argument("--data", type=Path, default=Path("runs/quickstart/data"),
+                        help="a data run's folder (its tokenized.jsonl)")
+    parser.add_argument("--batching", choices=("tokens", "rows"), default="tokens")
+    parser.add_argument("--budget", type=int, default=1536,
+                        help="padded tokens per batch (tokens; the quickstart's 4 x 384)")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per batch (rows)")
+    parser.add_argument("--max-length", type=int, default=384)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=4,
+                        help="timed batches per measurement; 0 counts the reads only (no lock "
                         "needed: nothing is timed)")
     parser.add_argument("--kinds", nargs="*", default=list(KINDS))
     parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
@@ -208,37 +256,51 @@ def main() -> None:
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--table", type=Path, help="print a written JSON's Markdown table")
     parser.add_argument("--rows", action="store_true",
-                        help="print the rows EAGLE-3's old and new steps compute on this batch")
-    args = parser.parse_args()
+                        help="print the rows EAGLE-3's packed and every-position steps compute "
+                        "on the timed batches")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())), end="")
         return
-    if args.rows:
-        print(eagle3_rows(), end="")
-        return
     if args.worker:
-        kind, dtype, steps = args.worker
-        print(json.dumps(worker(kind, dtype, int(steps))))
+        print(json.dumps(worker(*args.worker)))
+        return
+    batches = plan_batches(args, args.steps + 1)
+    if args.rows:
+        print(eagle3_rows(batches), end="")
         return
     if args.before is None or args.out is None:
-        parser.error("--before and --out are required")
+        raise SystemExit("--before and --out are required")
+    import torch
+
+    batches_path = args.out.resolve().with_suffix(".batches.pt")
+    torch.save(batches, batches_path)
     commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()
                for name, path in (("before", args.before), ("after", args.after))}
-    record = {"batch": BATCH, "length": LENGTH, "target_shape": SHAPE,
+    record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "data": str(args.data), "batching": args.batching, "budget": args.budget,
+              "batch_size": args.batch_size, "max_length": args.max_length,
+              "tokens": batch_tokens(batches), "target_shape": SHAPE,
               "settings": {kind: recipe_settings(kind) for kind in args.kinds},
               "steps": args.steps, "commits": commits,
-              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores", "rows": []}
+              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores, torch CPU",
+              "rows": []}
+    arms = [("before", args.before.resolve()), ("after", args.after.resolve())]
     for dtype in args.dtypes:
-        for kind in args.kinds:
-            before = run(args.before.resolve(), kind, dtype, args.steps)
-            after = run(args.after.resolve(), kind, dtype, args.steps)
-            record["rows"].append({"kind": kind, "dtype": dtype, "before": before,
-                                   "after": after})
+        for i, kind in enumerate(args.kinds):  # A/B, then B/A: drift falls on both arms
+            order = arms if i % 2 == 0 else arms[::-1]
+            done = {name: run(path, kind, dtype, batches_path) for name, path in order}
+            record["rows"].append({"kind": kind, "dtype": dtype, **done})
             args.out.write_text(json.dumps(record, indent=2) + "\n")  # each row as it lands
-            print(kind, dtype, f"{before.get('cpu_seconds_per_step')} -> "
-                  f"{after.get('cpu_seconds_per_step')} CPU s/step, reads "
-                  f"{before['host_reads']} -> {after['host_reads']}", flush=True)
+            print(kind, dtype, f"{done['before'].get('cpu_seconds_per_step')} -> "
+                  f"{done['after'].get('cpu_seconds_per_step')} CPU s/step, reads "
+                  f"{done['before']['host_reads']} -> {done['after']['host_reads']}", flush=True)
+    batches_path.unlink()
 
 
 if __name__ == "__main__":
