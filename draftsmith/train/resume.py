@@ -41,6 +41,9 @@ FREE_SETTINGS = frozenset({
 # A budgeted run resumed while its schedule can still take a new total may change these
 # (`budget_extendable`): the planner re-sizes the rest of the run to the new budget.
 BUDGET_SETTINGS = frozenset({"train.max_minutes", "train.max_steps"})
+# A setting added with a default that changes what a step computes: a run written before it
+# existed ran as this value, not as today's default (token batches arrived after row batches).
+BEFORE_ADDED = {"train.batching": "rows"}
 _SAFE_SUFFIXES = (".json", ".safetensors")
 
 
@@ -158,8 +161,10 @@ def check_same_run(folder: Path, progress: dict, record: dict) -> None:
                "start this one over)")
     then, now = saved.get("settings") or {}, record["settings"]
     missing = "(unset)"
-    # a train setting added since that run was written counts as its default there
-    then = {**{k: v for k, v in _train_defaults().items() if k in now}, **then}
+    # a train setting added since that run was written counts as its default there, or as the
+    # value that run behaved as where the new default computes something else
+    added = {**_train_defaults(), **BEFORE_ADDED}
+    then = {**{k: v for k, v in added.items() if k in now}, **then}
     extendable = budget_extendable(progress, then, now)
     changed = [key for key in changed_settings(then, now)
                if key not in FREE_SETTINGS and not (extendable and key in BUDGET_SETTINGS)]

@@ -119,7 +119,7 @@ def test_a_killed_muon_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
-def test_a_checkpoint_written_before_the_optimizer_settings_resumes_at_their_defaults(tmp_path):
+def test_a_checkpoint_written_before_a_setting_existed_resumes_as_it_ran(tmp_path):
     from draftsmith.train.resume import check_same_run
 
     def record(**train):
@@ -133,3 +133,8 @@ def test_a_checkpoint_written_before_the_optimizer_settings_resumes_at_their_def
     with pytest.raises(DraftsmithError, match=r"train\.optimizer=muon here but adamw in that run"):
         check_same_run(tmp_path, old, record(**{"train.optimizer": "muon",
                                                 "train.muon_lr": None}))
+    # written before token batches: it batched rows, so today's default would reorder its data
+    with pytest.raises(DraftsmithError, match=r"train\.batching=tokens here but rows in that run"
+                       r".*set train\.batching=rows to resume it"):
+        check_same_run(tmp_path, old, record(**{"train.batching": "tokens"}))
+    check_same_run(tmp_path, old, record(**{"train.batching": "rows"}))
