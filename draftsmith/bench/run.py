@@ -47,6 +47,7 @@ from draftsmith.eval.results import (
 from draftsmith.files import write_json
 from draftsmith.train.budget import steps_for_budget
 from draftsmith.train.metrics import metrics_rows
+from draftsmith.train.recipe import TrainSection
 
 
 def data_folder(config: BenchConfig, entry: KindEntry | None = None) -> Path:
@@ -102,13 +103,18 @@ def _metrics(folder: Path) -> list[dict]:
 CEILING_FACTOR = 4  # a run may take at most this many times the calibration's step estimate
 
 
-def mean_step_tokens(folder: Path, samples_per_step: int) -> float | None:
-    """Real tokens in an average optimizer step on a data folder (its summary.json: rendered
-    tokens per conversation x conversations per step), or None without a summary."""
+def mean_step_tokens(folder: Path, train: dict) -> float | None:
+    """Real tokens in an average optimizer step of `batching: rows` on a data folder (its
+    summary.json: rendered tokens per conversation x conversations per step), or None without a
+    summary or with token batches, whose steps all hold about `batch_tokens` padded tokens (a
+    calibration's steps are then already the run's average, and a conversation count says
+    nothing of how many a step takes)."""
     data = _data_record(folder)
-    if not data.get("tokens") or not data.get("conversations"):
+    if train.get("batching", TrainSection.batching) != "rows" or not data.get("tokens") or \
+            not data.get("conversations"):
         return None
-    return data["tokens"] / data["conversations"] * samples_per_step
+    samples = train["batch_size"] * train.get("grad_accum", 1)
+    return data["tokens"] / data["conversations"] * samples
 
 
 def trainable_params(drafter_dir: Path, kind: str) -> int:
@@ -163,8 +169,7 @@ def train_kind(config: BenchConfig, entry: KindEntry, log=print) -> TrainingReco
         run_training_process(config, raw, out / "recipes" / f"{entry.label}-calibrate.yaml", log)
         rows = _metrics(calibration)
     raw = kind_recipe(config, entry, output_dir=str(folder))
-    samples = raw["train"]["batch_size"] * raw["train"].get("grad_accum", 1)
-    per_step = seconds_per_step(rows, mean_step_tokens(data_folder(config, entry), samples))
+    per_step = seconds_per_step(rows, mean_step_tokens(data_folder(config, entry), raw["train"]))
     budget = entry.budget_minutes or config.budget_minutes
     steps = max(config.calibration_steps, steps_for_budget(
         per_step, budget * 60, elapsed_seconds=0.0, done_steps=0, max_steps=sys.maxsize))

@@ -178,12 +178,16 @@ def test_report_means_weight_each_prompt_set_equally():
 
 
 def test_the_calibration_scales_to_the_data_s_mean_batch(tmp_path):
+    """Row batches hold batch_size conversations of the data's mean length; token batches hold
+    about batch_tokens padded tokens whatever the conversations, so a calibration is not scaled."""
     from draftsmith.bench.run import mean_step_tokens
 
     (tmp_path / "summary.json").write_text(json.dumps(
         {"rendering": {"rendered": 100, "tokens": 30_000}}))
-    assert mean_step_tokens(tmp_path, 4) == 1200.0
-    assert mean_step_tokens(tmp_path / "none", 4) is None
+    rows = {"batching": "rows", "batch_size": 2, "grad_accum": 2}
+    assert mean_step_tokens(tmp_path, rows) == 1200.0
+    assert mean_step_tokens(tmp_path / "none", rows) is None
+    assert mean_step_tokens(tmp_path, {"batch_size": 4}) is None  # the default: tokens
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes/bench").glob("*.yaml")), ids=lambda p: p.name)
