@@ -110,8 +110,9 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     (the token loss is `loss`: soft cross-entropy by default).
 
     Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
-    predicts f_{i+1}, trained where token i+2 is in the loss mask (selected by a mask, so
-    nothing waits on a host count).
+    predicts f_{i+1}, trained where token i+2 is in the loss mask: the rows i = p - 1 of the
+    trained positions p the collate counted on the host (`trained_positions`), gathered, so
+    nothing waits on a host count.
     """
     cfg = drafter.config
     b, t = input_ids.shape
@@ -121,15 +122,15 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     predicted, _ = drafter.step(shift_left(input_ids, 1), inputs, positions,
                                 padded_causal_mask(attention_mask))
-    n = max(t - 2, 0)  # positions i < T - 2 have a label i + 2 inside the batch
-    valid = loss_mask[:, 2:] > 0  # (B, n): token i + 2 is trained; counted on the device
+    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
+    valid = trained % t > 0  # the row p - 1 lies in p's sequence
     count = valid.sum().clamp_min(1)
-    predicted = predicted[:, :n]
-    feature_loss = F.smooth_l1_loss(wide(predicted), wide(features[:, 1:t - 1]),
+    predicted = predicted.flatten(0, 1)[(trained - 1).clamp_min(0)]  # (m, H)
+    feature_loss = F.smooth_l1_loss(wide(predicted), wide(features.flatten(0, 1)[trained]),
                                     reduction="none").mean(-1)
     feature_loss = torch.where(valid, feature_loss, 0.0).sum() / count
     draft_logp = torch.log_softmax(wide(drafter.logits(predicted)), dim=-1)
-    teacher = target_logits_after.every()[:, 1:t - 1]
+    teacher = target_logits_after.every_at(trained)
     token_loss = torch.where(valid, per_row_loss(draft_logp, teacher, parse_loss(cfg.loss),
                                                   valid), 0.0).sum() / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss

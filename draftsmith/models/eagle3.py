@@ -296,9 +296,11 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     draft vocabulary. Total = sum_j w_j * mean loss_j: soft cross-entropy and w_j = step_weight^j
     by default (`loss`, `position_weights`: see models/losses.py).
 
-    Every step runs on the whole (B, T) batch and the rows a loss needs are chosen by masks, the
-    counts kept as tensors: nothing waits on the host (what packed batches make cheap). The head
-    runs on the first T - 2 - j positions of step j, the only ones step j trains.
+    Every step's decoder layer runs on the whole (B, T) batch; its head and loss run on the m
+    rows it trains, gathered at the trained positions the collate counted on the host
+    (`trained_positions`: position p, whose next token is trained, is step j's label source for
+    the row at p - 1 - j), and the target's logits are read at those m positions once for every
+    step. Counts stay tensors: nothing waits on the host.
 
     Args:
         input_ids, attention_mask, loss_mask: (B, T), right-padded.
@@ -315,8 +317,10 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
     draft_ids = drafter.draft_ids()
-    with torch.no_grad():  # after every position: (B, T, Vd), (B, T)
-        teacher, choice = target_logits_after.restricted_every(draft_ids)
+    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p
+    column = trained % t
+    with torch.no_grad():  # after each trained position: (m, Vd), (m,)
+        teacher, choice = target_logits_after.restricted_every_at(draft_ids, trained)
         in_vocab = drafter.t2d[choice]
     hidden = drafter.fuse(aux_hidden)  # (B, T, H)
     cache: list[KV] = []
@@ -328,14 +332,12 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     for j in range(cfg.ttt_steps):
         hidden, kv = drafter.step_ttt(shift_left(input_ids, 1 + j), hidden, positions + j, cache)
         cache = [*cache, kv]
-        n = max(t - 2 - j, 0)  # positions i < T - 2 - j have a label i + j + 2 inside the batch
-        valid = loss_mask[:, 2 + j:] > 0  # (B, n): token i + j + 2 is trained
-        known = in_vocab[:, 1 + j:t - 1]
-        scored = valid & known
-        logp = torch.log_softmax(wide(drafter.head(hidden[:, :n])), dim=-1)
-        step_loss = losses.add_masked(j, logp, teacher[:, 1 + j:t - 1], scored,
-                                      missed=valid & ~known)
-        hits = scored & (draft_ids[logp.argmax(-1)] == choice[:, 1 + j:t - 1])
+        valid = column > j  # the row p - 1 - j lies in p's sequence
+        rows = (trained - 1 - j).clamp_min(0)
+        scored = valid & in_vocab
+        logp = torch.log_softmax(wide(drafter.head(hidden.flatten(0, 1)[rows])), dim=-1)
+        step_loss = losses.add_rows(j, logp, teacher, scored, rows, missed=valid & ~in_vocab)
+        hits = scored & (draft_ids[logp.argmax(-1)] == choice)
         metrics[f"loss_{j}"] = step_loss
         metrics[f"acc_{j}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

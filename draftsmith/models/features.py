@@ -28,10 +28,11 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.layers import shift_left
+from draftsmith.models.layers import next_trained_rows, shift_left
 from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
-HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every`
+HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every_at`
+NEXT_TRAINED_KEY = "next_trained"  # the batch key of `next_trained_rows`, set by the collate
 
 
 def hidden_key(index: int) -> str:
@@ -123,6 +124,8 @@ class Features:
         head: the target's frozen output head; logits are computed from `last_hidden` on demand.
         target_argmax: (B, T) the target's greedy choice after each position, when the offline
             cache stored it (`data/cache.py`); lets `restricted` skip the full-vocabulary head.
+        next_trained: (m,) `next_trained_rows(loss_mask)` as the collate computed it on the host;
+            None = counted here when a loss first asks (a host read on a GPU).
     """
 
     input_ids: torch.Tensor
@@ -132,6 +135,7 @@ class Features:
     aux_hidden: list[torch.Tensor]
     head: nn.Module
     target_argmax: torch.Tensor | None = None
+    next_trained: torch.Tensor | None = None
 
     @functools.cached_property
     def target_logits(self) -> torch.Tensor:
@@ -176,33 +180,45 @@ class Features:
         """The features as a TargetLogits (models/layers.py): what the per-position losses take."""
         return self
 
-    def every(self) -> torch.Tensor:
-        """(B, T, V) target logits after every position (`target_logits`)."""
-        return self.target_logits
+    def trained_positions(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """`next_trained`: (m,) flat positions whose next token is trained (`loss_mask` is this
+        batch's, used only when the collate did not count them)."""
+        if self.next_trained is None:
+            self.next_trained = next_trained_rows(loss_mask)
+        return self.next_trained
 
-    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's logits after every position over `columns` (B, T, C) and its
-        full-vocabulary argmax (B, T). With the cache's `target_argmax` and a plain linear head,
+    def every_at(self, rows: torch.Tensor) -> torch.Tensor:
+        """(m, V) target logits after flat positions `rows`."""
+        with torch.no_grad():
+            if "target_logits" in self.__dict__:
+                return self.target_logits.flatten(0, 1)[rows]
+            return self.head(self.last_hidden.flatten(0, 1)[rows].to(self.head.weight.dtype))
+
+    def restricted_every_at(self, columns: torch.Tensor, rows: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's logits after flat positions `rows` over `columns` (m, C) and its
+        full-vocabulary argmax (m,). With the cache's `target_argmax` and a plain linear head,
         only the `columns` rows of the head are applied: an (m, C) product instead of (m, V),
         the same logits up to float rounding. Otherwise the full product runs in row chunks of
-        `HEAD_CHUNK` (its argmax needs every column), each sliced at once, so no (B, T, V) block
+        `HEAD_CHUNK` (its argmax needs every column), each sliced at once, so no (m, V) block
         is held."""
         head = self.head
-        hidden = self.last_hidden.to(head.weight.dtype)
         with torch.no_grad():
             if self.target_argmax is not None and isinstance(head, nn.Linear) \
                     and head.bias is None:
+                hidden = self.last_hidden.flatten(0, 1)[rows].to(head.weight.dtype)
                 return nn.functional.linear(hidden, head.weight[columns]), \
-                    self.target_argmax.long()
+                    self.target_argmax.flatten()[rows].long()
             if "target_logits" in self.__dict__:
-                return self.target_logits[..., columns], self.target_logits.argmax(-1)
+                logits = self.target_logits.flatten(0, 1)[rows]
+                return logits[:, columns], logits.argmax(-1)
+            hidden = self.last_hidden.flatten(0, 1)[rows].to(head.weight.dtype)
             sliced, choice = [], []
-            for chunk in hidden.flatten(0, 1).split(HEAD_CHUNK):
+            for chunk in hidden.split(HEAD_CHUNK):
                 logits = head(chunk)
                 sliced.append(logits[:, columns])
                 choice.append(logits.argmax(-1))
-        shape = self.last_hidden.shape[:2]
-        return torch.cat(sliced).view(*shape, -1), torch.cat(choice).view(shape)
+        return torch.cat(sliced), torch.cat(choice)
 
     def logits_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Target logits (m, V) after positions (batch_index[i], positions[i]) (block drafters'
@@ -246,7 +262,7 @@ class Features:
 
     def _restricted_rows(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every trained row's logits over `columns` and full-vocabulary argmax (callers compute
-        it once per batch), as `restricted_every` computes them."""
+        it once per batch), as `restricted_every_at` computes them."""
         head = self.head
         plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
@@ -273,7 +289,8 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
                     ) -> Features:
     """Features from a batch of cached hidden states (offline mode); the target logits are
     recomputed with the frozen head. Keys are `hidden_key(i)`, as the cache writes them;
-    they are cast to the head's dtype (a bf16 cache feeds a float32 run as float32)."""
+    they are cast to the head's dtype (a bf16 cache feeds a float32 run as float32). The
+    collate's `NEXT_TRAINED_KEY`, when the batch has it, becomes `next_trained`."""
     dtype = next(head.parameters()).dtype
     last = batch[hidden_key(num_layers)].to(dtype)
     return Features(
@@ -284,19 +301,23 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
         aux_hidden=[batch[hidden_key(i + 1)].to(dtype) for i in aux_layers],
         head=head,
         target_argmax=batch.get("target_argmax"),
+        next_trained=batch.get(NEXT_TRAINED_KEY),
     )
 
 
 @torch.no_grad()
 def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    loss_mask: torch.Tensor, aux_layers: list[int]) -> Features:
+                    loss_mask: torch.Tensor, aux_layers: list[int],
+                    next_trained: torch.Tensor | None = None) -> Features:
     """Run the frozen target once and collect what a drafter needs (online mode).
 
     Uses `extract_features`, as the data pipeline's cache does, so online training and the offline
     cache compute the same tensors. `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
+    `next_trained`: the collate's `next_trained_rows(loss_mask)`, if it counted them.
     """
     num_layers = target.config.num_hidden_layers
     indices = hidden_indices(num_layers, aux_layers)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+             NEXT_TRAINED_KEY: next_trained,
              **extract_features(target, input_ids, attention_mask, indices)}
     return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)

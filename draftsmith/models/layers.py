@@ -33,19 +33,25 @@ class TargetLogits(Protocol):
     """The target's logits as a drafter's loss reads them (the training `Features`, or
     `dense_target_logits` over precomputed logits).
 
-    `every()` and `restricted_every(columns)` are what the per-position losses read: a fixed
-    (B, T, ...) layout, so a step selects its rows with masks and never waits on a host count.
-    Calling it, `(valid, shift)` -> (m, V) rows at i + shift for every i set in `valid`, serves
-    losses that pick scattered positions (the block drafters, P-EAGLE).
+    The per-position losses read `trained_positions(loss_mask)` (the (m,) flat positions whose
+    next token is trained, counted by the collate on the host) and the logits after them,
+    `every_at(rows)` or `restricted_every_at(columns, rows)`: each step gathers those m rows,
+    and nothing waits on a host count. Calling it, `(valid, shift)` -> (m, V) rows at i + shift
+    for every i set in `valid`, serves losses that pick scattered positions (the block
+    drafters, P-EAGLE).
     """
 
     def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor: ...
 
-    def every(self) -> torch.Tensor:
-        """(B, T, V): the logits after every position."""
+    def trained_positions(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """(m,) flat (B * T) positions whose next token is trained, ascending."""
 
-    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """((B, T, C) logits after every position over `columns`, (B, T) full-vocabulary
+    def every_at(self, rows: torch.Tensor) -> torch.Tensor:
+        """(m, V): the logits after flat positions `rows`."""
+
+    def restricted_every_at(self, columns: torch.Tensor, rows: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """((m, C) logits after flat positions `rows` over `columns`, (m,) full-vocabulary
         argmax)."""
 
 
@@ -58,11 +64,16 @@ class DenseTargetLogits:
     def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
         return shift_left(self.logits, shift)[valid]
 
-    def every(self) -> torch.Tensor:
-        return self.logits
+    def trained_positions(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        return next_trained_rows(loss_mask)
 
-    def restricted_every(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.logits[..., columns], self.logits.argmax(-1)
+    def every_at(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.logits.flatten(0, 1)[rows]
+
+    def restricted_every_at(self, columns: torch.Tensor, rows: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.every_at(rows)
+        return logits[:, columns], logits.argmax(-1)
 
 
 def dense_target_logits(logits: torch.Tensor) -> DenseTargetLogits:
@@ -326,3 +337,15 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
     return torch.cat([x[:, n:], pad], dim=1)
 
+
+
+def next_trained_rows(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(m,) flat (B * T) positions whose next token is trained, ascending: the positions after
+    which every per-position loss reads the target's logits. The collate computes them on the
+    host, where counting makes no device wait (train/batching.py); on a GPU tensor this is one
+    host read.
+
+    Args:
+        loss_mask: (B, T), 1 on trained tokens.
+    """
+    return (shift_left(loss_mask, 1) > 0).flatten().nonzero().squeeze(1)

@@ -190,9 +190,9 @@ class PositionLosses:
 
     `geometric` and `decay` weight each position by a constant (`weights[k]`) times its mean loss;
     `dpace` weights each row by its D-PACE weight (needs every depth first, so `total` computes
-    it at the end) over the same per-position count. `add_masked` takes a position's rows in the
-    batch's (B, T) layout with a mask of those that carry a loss (no host count); `add` takes
-    selected rows and their flat positions.
+    it at the end) over the same per-position count. `add_rows` takes a position's gathered rows
+    with a mask of those that carry a loss (no host count); `add` takes selected rows and their
+    flat positions.
     """
 
     def __init__(self, spec: LossSpec, scheme: str, weights: list[float], size: int,
@@ -208,24 +208,26 @@ class PositionLosses:
         self.sum = torch.zeros((), dtype=torch.float32, device=device)
         self.depths: list[tuple] = []  # dpace: (rows, count, mask, prob, missed) on the grid
 
-    def add_masked(self, k: int, draft_logp: torch.Tensor, target_logits: torch.Tensor | None,
-                   mask: torch.Tensor, missed: torch.Tensor | None = None,
-                   tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Draft position k's rows in the batch layout; returns its (unweighted) mean loss over
-        `mask`, detached.
+    def add_rows(self, k: int, draft_logp: torch.Tensor, target_logits: torch.Tensor | None,
+                 mask: torch.Tensor, flat: torch.Tensor, missed: torch.Tensor | None = None,
+                 tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft position k's gathered rows, of which `mask` carry a loss; returns its
+        (unweighted) mean loss over `mask`, detached.
 
         Args:
-            draft_logp, target_logits: (B, T', C) as `per_row_loss`, for the first T' <= T
-                positions of each sequence (target_logits unused with `tokens`).
-            mask: (B, T') bool, the rows that carry a loss; the divisor is their count, kept as a
+            draft_logp, target_logits: (m, C) as `per_row_loss` (target_logits unused with
+                `tokens`).
+            mask: (m,) bool, the rows that carry a loss; the divisor is their count, kept as a
                 tensor. Other rows contribute neither loss nor gradient.
-            missed: (B, T') bool, trained rows whose label the draft cannot propose (out of
+            flat: (m,) each row's flat (B * T) position (`dpace`'s column); rows in `mask` at
+                distinct positions.
+            missed: (m,) bool, trained rows whose label the draft cannot propose (out of
                 EAGLE-3's draft vocabulary): q = 0 there (`dpace`).
-            tokens: (B, T') hard labels (`labels: data`), as in `add`.
+            tokens: (m,) hard labels (`labels: data`), as in `add`.
         """
         count = mask.sum().clamp_min(1)
         if tokens is not None:
-            rows = -draft_logp.gather(-1, tokens[..., None]).squeeze(-1)
+            rows = -draft_logp.gather(-1, tokens[:, None]).squeeze(-1)
             prob = (-rows).detach().exp()
         else:
             rows = per_row_loss(draft_logp, target_logits, self.spec, mask)
@@ -235,14 +237,16 @@ class PositionLosses:
         if self.scheme != "dpace":
             self.sum = self.sum + self.weights[k] * step
             return step.detach()
-        width = self.size // mask.shape[0]
 
-        def grid(x):  # (B, T') -> (B * T,)
-            return F.pad(x, (0, width - x.shape[1])).flatten()
+        def grid(x):  # (m,) -> (B * T,): zero where no row of `mask` (or `missed`) lands
+            return x.new_zeros(self.size).index_add(0, flat, x)
+
+        def on_grid(m):
+            return grid(m.to(rows.dtype)) > 0
 
         prob = torch.where(mask, prob, 0.0)
-        missed = grid(missed) if missed is not None else None
-        self.depths.append((grid(rows), count, grid(mask), grid(prob), missed))
+        known = on_grid(missed) if missed is not None else None
+        self.depths.append((grid(rows), count, on_grid(mask), grid(prob), known))
         return step.detach()
 
     def add(self, k: int, draft_logp: torch.Tensor, target_logits: torch.Tensor,

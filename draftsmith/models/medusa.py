@@ -131,24 +131,26 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     """sum_k w^k CE(head_k(h_t), label of token t+2+k) over loss-masked targets, the label being
     the target's distribution of that token (logits at t+1+k; `labels: target`) or the data's
     token (`labels: data`). Accuracy of head k is its agreement with the target's own greedy
-    choice for that token. Rows are selected by masks (no host count)."""
+    choice for that token. Head k's rows are i = p - 1 - k for the trained positions p the
+    collate counted on the host (`trained_positions`), gathered (no host count); the target's
+    logits after p serve every head."""
     cfg = heads.config
-    b, t = input_ids.shape
+    t = input_ids.shape[1]
     num_heads = len(heads.heads)
     weights = [cfg.head_weight ** k for k in range(num_heads)] \
         if cfg.position_weights == "geometric" else decay_weights(num_heads, cfg.decay_gamma)
-    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
+    losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, input_ids.numel(),
                             features.device)
     metrics = {}
-    every = target_logits_after.every()  # (B, T, V) after every position
+    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
+    teacher = target_logits_after.every_at(trained)  # (m, V)
+    tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
     for k in range(num_heads):
-        n = max(t - 2 - k, 0)  # positions i < T - 2 - k have a label inside the batch
-        valid = loss_mask[:, 2 + k:] > 0  # (B, n): token i + 2 + k is trained
-        logits = wide(heads.head(k, features[:, :n]))
-        teacher = every[:, 1 + k:t - 1]
-        tokens = input_ids[:, 2 + k:] if cfg.labels == "data" else None
-        head_loss = losses.add_masked(k, torch.log_softmax(logits, dim=-1), teacher, valid,
-                                      tokens=tokens)
+        valid = trained % t > k  # the row p - 1 - k lies in p's sequence
+        rows = (trained - 1 - k).clamp_min(0)
+        logits = wide(heads.head(k, features.flatten(0, 1)[rows]))
+        head_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,
+                                    tokens=tokens)
         hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
         metrics[f"loss_{k}"] = head_loss
         metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)

@@ -128,8 +128,11 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
              loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead), on trained
-    positions only (selected by masks, no host count), against the target's distribution (`labels: target`) or the data's tokens
-    (`labels: data`). Accuracy of module k is agreement with the target's own greedy choice."""
+    positions only, against the target's distribution (`labels: target`) or the data's tokens
+    (`labels: data`). Module k's rows are i = p - 1 - k for the trained positions p the collate
+    counted on the host (`trained_positions`), gathered (no host count); the target's logits
+    after p serve every module. Accuracy of module k is agreement with the target's own greedy
+    choice."""
     cfg = drafter.config
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
@@ -142,16 +145,16 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
                             features.device)
     hidden = features
     metrics = {}
-    every = target_logits_after.every()  # (B, T, V) after every position
+    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
+    teacher = target_logits_after.every_at(trained)  # (m, V)
+    tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
     for k in range(cfg.num_modules):
         hidden, _ = drafter.module_hidden(k, shift_left(input_ids, k + 1), hidden, positions, mask)
-        n = max(t - k - 2, 0)  # positions i < T - k - 2 have a label inside the batch
-        valid = loss_mask[:, k + 2:] > 0  # (B, n): token i + k + 2 is trained
-        logits = wide(drafter.module_logits(k, hidden[:, :n]))
-        teacher = every[:, k + 1:t - 1]
-        tokens = input_ids[:, k + 2:] if cfg.labels == "data" else None
-        step_loss = losses.add_masked(k, torch.log_softmax(logits, dim=-1), teacher, valid,
-                                      tokens=tokens)
+        valid = trained % t > k  # the row p - 1 - k lies in p's sequence
+        rows = (trained - 1 - k).clamp_min(0)
+        logits = wide(drafter.module_logits(k, hidden.flatten(0, 1)[rows]))
+        step_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,
+                                    tokens=tokens)
         hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
         metrics[f"loss_{k}"] = step_loss
         metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
+from draftsmith.models.features import NEXT_TRAINED_KEY
+from draftsmith.models.layers import next_trained_rows
+
 POOL_BATCHES = 64  # a pool holds this many batches' worth of sequences (padding vs. mixing)
 
 
@@ -83,7 +86,9 @@ def padding_share(lengths: Sequence[int], batches: list[list[int]]) -> float:
 def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
     """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each, their
     float8 row scales `hidden_states.i.scale`, (T,), and the cache's `target_argmax`, (T,)) to
-    the longest sequence, capped at max_length."""
+    the longest sequence, capped at max_length; `NEXT_TRAINED_KEY` holds the flat positions whose
+    next token is trained, counted here on the host so the step gathers its rows without a
+    device read (`models/layers.next_trained_rows`)."""
     length = min(max(len(e["input_ids"]) for e in batch), max_length)
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     loss_mask = torch.zeros(len(batch), length, dtype=torch.long)
@@ -104,7 +109,8 @@ def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
             n = min(len(example["target_argmax"]), length)
             choice[row, :n] = example["target_argmax"][:n].long()
         hidden["target_argmax"] = choice
-    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention, **hidden}
+    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention,
+            NEXT_TRAINED_KEY: next_trained_rows(loss_mask), **hidden}
 
 
 class ExampleBatches:

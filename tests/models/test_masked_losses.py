@@ -1,7 +1,8 @@
-"""The per-position losses select their rows with masks (no host count): in float64 each kind's
-loss, metrics and gradients equal the formulation they replaced, which picked the trained rows by
-boolean indexing and divided by their count. The references below are that formulation, kept
-here and not in the product."""
+"""The per-position losses gather the rows they train at the trained positions the collate counts
+on the host (no host count in the step): in float64 each kind's loss, metrics and gradients
+equal the formulation they replaced, which picked the trained rows by boolean indexing and
+divided by their count. The references below are that formulation, kept here and not in the
+product."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def _batch(b=3, t=20):
     attention_mask[1, 13:] = 0
     attention_mask[2, 8:] = 0
     loss_mask = attention_mask.clone()
-    loss_mask[0, :4] = 0
+    loss_mask[0, :1] = 0  # a one-token prompt: rows before a sequence's start are gathered (and
+    # masked) at flat position 0, where row 0's trained rows are too
     loss_mask[1, :9] = 0
     loss_mask[0, 9:11] = 0  # a second user turn
     return input_ids * attention_mask, attention_mask, loss_mask

@@ -8,7 +8,9 @@ whose output size is the mask's count. On a GPU each one stalls the stream; on t
 little, which is why the count is held here rather than timed.
 
 The target's forward (`target_features`) runs before counting: it is the target's, not the
-drafter's. The training loop's own reads are counted by the loop's tests.
+drafter's; so does the count of the trained positions, which the collate makes on the host
+before the batch reaches the device (`NEXT_TRAINED_KEY`). The training loop's own reads are
+counted by the loop's tests.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from draftsmith.models.features import target_features
+from draftsmith.models.layers import next_trained_rows
 from draftsmith.registry import get_spec
 from tests.helpers.drafters import small_settings, training_cases
 from tests.helpers.tiny_targets import tiny_target
@@ -106,8 +109,10 @@ def test_a_drafter_step_reads_nothing_from_the_host(kind, settings, cached_argma
     drafter = spec.build(target.config, config)
     drafter.init_from_target(target)
     input_ids, attention_mask, loss_mask = _batch()
+    # the trained positions as the collate counts them, on the host (train/batching.py)
     features = target_features(target, input_ids, attention_mask, loss_mask,
-                               spec.aux_layers(target.config.num_hidden_layers, config))
+                               spec.aux_layers(target.config.num_hidden_layers, config),
+                               next_trained_rows(loss_mask))
     if cached_argmax:  # the offline cache's stored choice (data/cache.py)
         features.target_argmax = features.target_logits.argmax(-1)
         del features.__dict__["target_logits"]
