@@ -11,7 +11,8 @@ Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
                                                       precision, offline models, int8 copies,
                                                       chat replies); loading drafters
   4  decoding                                         the lossless decoding engine
-  5  engines                                          llama.cpp and vLLM processes
+  5  engines, llama_cpp                               vLLM and llama.cpp processes; llama.cpp's
+                                                      converter and target GGUF checks
   6  data, export                                     data preparation; serving formats
   7  train, eval                                      training; the evaluation harness
   8  serving, bench, plan                             serve-check; the benchmark; memory plans
@@ -34,7 +35,7 @@ LAYERS = [
     ("models", "draft_vocab"),
     ("registry", "target", "drafter_folder"),
     ("decoding",),
-    ("engines",),
+    ("engines", "llama_cpp"),
     ("data", "export"),
     ("train", "eval"),
     ("serving", "bench", "plan"),

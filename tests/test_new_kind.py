@@ -186,7 +186,7 @@ def test_a_kinds_gguf_export_comes_from_its_spec_and_format_entry_alone(toy_kind
                                                                        monkeypatch):
     from gguf import GGUFWriter
 
-    from draftsmith.export import gguf
+    from draftsmith.llama_cpp import convert
 
     monkeypatch.setitem(DRAFTERS, "toy", replace(toy_kind, engine_methods={"llama.cpp": "draft-toy"}))
     monkeypatch.setitem(FORMATS, "toy", replace(FORMATS["toy"], gguf_stage=stage_toy))
@@ -202,8 +202,8 @@ def test_a_kinds_gguf_export_comes_from_its_spec_and_format_entry_alone(toy_kind
         writer.write_tensors_to_file()
         writer.close()
 
-    monkeypatch.setattr(gguf, "converter_script", lambda log: Path("convert_hf_to_gguf.py"))
-    monkeypatch.setattr(gguf, "_run_converter", converter)
+    monkeypatch.setattr(convert, "converter_script", lambda log: Path("convert_hf_to_gguf.py"))
+    monkeypatch.setattr(convert, "_run_converter", converter)
     target = tiny_target("llama")
     module = ToyHeads(target.config, ToyConfig(2))
     folder = write_checkpoint(tmp_path / "drafter", "toy", module, target, {"num_heads": 2})

@@ -198,8 +198,8 @@ def serve(engine: str, served: Path, method: str, target_dir: Path, ids, setting
                         {"method": method, "model": str(served.resolve()),
                          "num_speculative_tokens": DRAFT_MAX}, log, dtype="float32")
         return plain, spec, engine_record()
-    from draftsmith.engines.llama_cpp import DraftOptions, engine_record
-    from draftsmith.serving.target_gguf import converted_target_gguf
+    from draftsmith.llama_cpp.server import DraftOptions, engine_record
+    from draftsmith.llama_cpp.target_gguf import converted_target_gguf
 
     gguf = converted_target_gguf(target_dir, "f32", log)
     plain = _LLAMA_PLAIN.get(str(gguf)) or run_engine(gguf, ids, settings,

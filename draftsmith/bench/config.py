@@ -332,7 +332,7 @@ def _check_engine(config: BenchConfig, path) -> None:
 
 
 def _check_one_engine(config: BenchConfig, spec, path) -> None:
-    from draftsmith.export.gguf import OUTTYPES
+    from draftsmith.llama_cpp.convert import OUTTYPES
 
     hint = ("e.g. engine: {drafter: eagle3, draft_max: 3, engines: [llama.cpp, vllm]} or a list "
             "with {drafter: dflash, outtypes: [f32, f16, q8_0]}")

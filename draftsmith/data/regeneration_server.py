@@ -59,7 +59,7 @@ def open_regeneration_server(
     with ExitStack() as stack:
         record: dict = {}
         if settings.base_url == "local":
-            from draftsmith.engines.llama_cpp import LlamaCppServer, engine_record
+            from draftsmith.llama_cpp.server import LlamaCppServer, engine_record
 
             local = stack.enter_context(LlamaCppServer(
                 target_gguf(target_spec), parallel=settings.concurrency,

@@ -1,11 +1,10 @@
-"""Requests to serving engines: greedy completions of token ids and the engines' own counters.
+"""Requests to serving engines: an engine's answer, the OpenAI greedy completion of token ids and
+the engines' own counters (llama.cpp's native `/completion` is `draftsmith.llama_cpp.server`'s).
 
-llama.cpp's `/completion` takes the prompt as token ids (so the engine and draftsmith's loop decode
-exactly the same context) and answers with the new token ids and `timings` (`predicted_n`,
-`predicted_ms`, and with a draft `draft_n` / `draft_n_accepted`). vLLM's OpenAI `/v1/completions`
-takes token ids too and returns the new ids with `return_token_ids`; it reports no per-request
-timings, so its answers are timed by the client. Both serve Prometheus `/metrics` with spec-decode
-counters (`llamacpp:` / `vllm:` prefixes), per draft position included.
+vLLM's OpenAI `/v1/completions` takes token ids and returns the new ids with `return_token_ids`;
+it reports no per-request timings, so its answers are timed by the client. Both engines serve
+Prometheus `/metrics` with spec-decode counters (`llamacpp:` / `vllm:` prefixes), per draft
+position included.
 """
 
 from __future__ import annotations
@@ -36,30 +35,6 @@ class EngineAnswer:
     def target_steps(self) -> int:
         """Verification steps: every step emits its accepted drafts plus one token."""
         return max(len(self.tokens) - self.draft_accepted, 1)
-
-
-def complete_greedy(root_url: str, prompt_ids: list[int], max_new_tokens: int,
-                    timeout: float = 600.0) -> EngineAnswer:
-    """Greedy decoding of `prompt_ids` (no prompt cache, so every request prefills the same way).
-
-    Raises:
-        DraftsmithError: the server refused the request or answered without tokens.
-    """
-    body = {"prompt": prompt_ids, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
-            "return_tokens": True, "cache_prompt": False}
-    try:
-        response = httpx.post(f"{root_url}/completion", json=body, timeout=timeout)
-        response.raise_for_status()
-    except httpx.HTTPError as err:
-        raise DraftsmithError(f"llama.cpp's server at {root_url} failed a completion: {err}") from err
-    answer = response.json()
-    if "tokens" not in answer or "timings" not in answer:
-        raise DraftsmithError(f"llama.cpp's server answered without tokens or timings: "
-                              f"{sorted(answer)}")
-    timings = answer["timings"]
-    return EngineAnswer(tokens=list(answer["tokens"]), predicted_ms=float(timings["predicted_ms"]),
-                        draft_n=int(timings.get("draft_n", 0)),
-                        draft_accepted=int(timings.get("draft_n_accepted", 0)))
 
 
 def read_metrics(root_url: str) -> dict[str, float]:

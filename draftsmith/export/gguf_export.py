@@ -113,7 +113,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
     from draftsmith.export.card import model_card, read_eval
     from draftsmith.export.folder_export import export_folder
     from draftsmith.export.formats import formats_for_kind, gguf_source_format
-    from draftsmith.export.gguf import OUTTYPES, convert_to_gguf
+    from draftsmith.export.gguf import convert_to_gguf
     from draftsmith.export.out_folder import (
         CARD,
         check_base_model,
@@ -121,6 +121,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, eval_json: str | Path |
         partial_folder,
     )
     from draftsmith.export.source import base_model_id, read_checkpoint
+    from draftsmith.llama_cpp.convert import OUTTYPES
     from draftsmith.registry import get_spec, served_by
 
     options = options or ExportOptions()

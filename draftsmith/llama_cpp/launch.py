@@ -1,6 +1,6 @@
 """Run llama.cpp's OpenAI-compatible server on loopback until SIGTERM or SIGINT.
 
-A standalone script, run by the engine environment's own Python (see `llama_cpp.py`), which has
+A standalone script, run by the engine environment's own Python (see `server.py`), which has
 `xllamacpp` (llama.cpp's native C++ server in a prebuilt PyPI wheel) and nothing of draftsmith.
 It prints `listening <url>` once the model is loaded, and exits on SIGTERM/SIGINT or when the
 process that started it is gone. With `--draft-model` the server decodes

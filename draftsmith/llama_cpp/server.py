@@ -1,13 +1,14 @@
 """llama.cpp's server, set up and started by draftsmith: the engine in its own environment under
-the draftsmith cache, and a context manager that serves a GGUF target on a free loopback port.
+the draftsmith cache, a context manager that serves a GGUF target on a free loopback port, and
+greedy completions of token ids from it.
 
 The engine is llama.cpp's native C++ server from the `xllamacpp` wheel on PyPI (prebuilt for CPU
 x86/ARM, so nothing compiles here), installed once into `<cache>/engines/xllamacpp-<version>/`
 with its own Python environment, never into the project's. `LlamaCppServer` starts
-`llama_cpp_launch.py` there, waits until `/health` answers, and stops it when the block ends,
+`launch.py` there, waits until `/health` answers, and stops it when the block ends,
 also on Ctrl-C and on errors. Its log goes to a file whose tail is quoted when it fails. Given a
 `DraftOptions`, the server decodes speculatively with a draft GGUF (e.g. an EAGLE-3 drafter from
-`draftsmith.export.gguf`) and can serve its Prometheus `/metrics` (spec-decode counters).
+`draftsmith export --format gguf`) and can serve its Prometheus `/metrics` (spec-decode counters).
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from draftsmith.engines.engine_env import (
     engine_environment,
     engine_info,
     engines_dir,
     gpu_environment,
 )
+from draftsmith.engines.engine_requests import EngineAnswer
 from draftsmith.engines.server_process import ServerProcess, free_port
 from draftsmith.errors import DraftsmithError
 
 ALL_LAYERS = 999  # llama.cpp's `-ngl 999`: every layer that fits offloaded (more than any model has)
 XLLAMACPP_VERSION = "2026.10.11549"  # llama.cpp build 11549 (EAGLE-3 drafts, continuous batching)
-LAUNCHER = Path(__file__).with_name("llama_cpp_launch.py")
+LAUNCHER = Path(__file__).with_name("launch.py")
 ENGINE = f"xllamacpp-{XLLAMACPP_VERSION}"
 
 
@@ -141,6 +145,33 @@ class LlamaCppServer(ServerProcess):
                  f"slots x {self.ctx_per_slot} tokens, {self.threads} threads, {self.device} "
                  f"(log: {self.log_path})")
         return self
+
+
+def complete_greedy(root_url: str, prompt_ids: list[int], max_new_tokens: int,
+                    timeout: float = 600.0) -> EngineAnswer:
+    """Greedy decoding of `prompt_ids` by llama.cpp's `/completion`, which takes the prompt as
+    token ids (so the engine and draftsmith's loop decode exactly the same context) and answers
+    with the new ids and `timings` (`predicted_ms`, and with a draft `draft_n` /
+    `draft_n_accepted`); no prompt cache, so every request prefills the same way.
+
+    Raises:
+        DraftsmithError: the server refused the request or answered without tokens.
+    """
+    body = {"prompt": prompt_ids, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
+            "return_tokens": True, "cache_prompt": False}
+    try:
+        response = httpx.post(f"{root_url}/completion", json=body, timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as err:
+        raise DraftsmithError(f"llama.cpp's server at {root_url} failed a completion: {err}") from err
+    answer = response.json()
+    if "tokens" not in answer or "timings" not in answer:
+        raise DraftsmithError(f"llama.cpp's server answered without tokens or timings: "
+                              f"{sorted(answer)}")
+    timings = answer["timings"]
+    return EngineAnswer(tokens=list(answer["tokens"]), predicted_ms=float(timings["predicted_ms"]),
+                        draft_n=int(timings.get("draft_n", 0)),
+                        draft_accepted=int(timings.get("draft_n_accepted", 0)))
 
 
 def engine_record() -> dict:

@@ -151,8 +151,6 @@ def check_target_gguf(gguf: Path, target: str, target_dir: Path,
         DraftsmithError: a missing, corrupted or unreadable file, or another model than the
             target; each message names the file and what redoes or replaces it.
     """
-    from draftsmith.export.cli import load_target_config
-
     if not gguf.is_file():
         fix = (f"run `draftsmith models fetch {target}`" if target in offline_models.CATALOG
                else "pass the target's GGUF file")
@@ -171,11 +169,26 @@ def check_target_gguf(gguf: Path, target: str, target_dir: Path,
         else:
             how = "header only"
     if catalog is None or catalog.name != target:
-        check_same_model(gguf, target, load_target_config(str(target_dir)), log)
+        check_same_model(gguf, target, _folder_config(target_dir), log)
     if how == "header only":
         log(f"note: no {gguf.name}.sha256 beside {gguf}: only its header is checked against the "
             f"target (record its sha256 with `sha256sum {gguf} > {gguf}.sha256`)")
     return {"target_gguf": str(gguf), "target_gguf_sha256": digest, "target_gguf_verified": how}
+
+
+def _folder_config(target_dir: Path):
+    """The transformers config of the target's Hugging Face folder (no weights read).
+
+    Raises:
+        DraftsmithError: the folder holds no readable config.json.
+    """
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(target_dir))
+    except (OSError, ValueError) as err:
+        raise DraftsmithError(f"could not read the config of the target folder {target_dir}: "
+                              f"{err}") from err
 
 
 def _folder_key(folder: Path) -> str:
@@ -193,7 +206,7 @@ def converted_target_gguf(target_dir: Path, outtype: str,
                           log: Callable[[str], None] = print) -> Path:
     """The target's folder as a llama.cpp GGUF of `outtype`, converted once into the cache (see
     the module docstring); a cached file without its `.sha256` is converted again."""
-    from draftsmith.export.gguf import convert_model_to_gguf
+    from draftsmith.llama_cpp.convert import convert_model_to_gguf
 
     out = (offline_models.cache_dir() / "gguf" / "converted" / _folder_key(target_dir)
            / f"{target_dir.name}-{outtype}.gguf")

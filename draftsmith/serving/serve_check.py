@@ -29,15 +29,14 @@ from draftsmith.data.prompts import BenchPrompt
 from draftsmith.engines.engine_requests import (
     EngineAnswer,
     accepted_per_position,
-    complete_greedy,
     complete_greedy_openai,
     count_answer,
     metric_total,
     read_metrics,
 )
-from draftsmith.engines.llama_cpp import DraftOptions, LlamaCppServer
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.settings import DecodeSettings
+from draftsmith.llama_cpp.server import DraftOptions, LlamaCppServer, complete_greedy
 from draftsmith.serving import ENGINES
 
 DEFAULT_DRAFT_MAX = 3  # a chain drafter's draft length when a caller gives no settings of eval
@@ -90,7 +89,7 @@ class ServeCheckSettings:
     target_outtype: str | None = None
 
     def __post_init__(self):
-        from draftsmith.export.gguf import OUTTYPES
+        from draftsmith.llama_cpp.convert import OUTTYPES
         from draftsmith.target.load import resolve_device
         from draftsmith.target.precision import check_dtype
 
@@ -177,7 +176,7 @@ def engine_abort(err: DraftsmithError, log_path: Path, gguf: Path,
         return err
     message = f"llama.cpp aborted serving {gguf.name}: {asserts[0]} (log: {log_path})"
     if LAYER_INPUTS_MISSING in asserts[0] and draft is not None:
-        from draftsmith.export.gguf import gguf_fields
+        from draftsmith.llama_cpp.convert import gguf_fields
 
         arch = gguf_fields(gguf).get("general.architecture", "this target's")
         message += (f". This llama.cpp build's `{arch}` graph does not expose the layer inputs a "

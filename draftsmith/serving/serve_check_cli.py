@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.config_values import add_prompt_arguments, positive_int_arg
 from draftsmith.eval.settings import add_decode_arguments
-from draftsmith.export.gguf import OUTTYPES
+from draftsmith.llama_cpp.convert import OUTTYPES
 from draftsmith.serving import ENGINES
 from draftsmith.target.offline_models import DEFAULT_TARGET
 

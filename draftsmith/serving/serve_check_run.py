@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.data.prompts import BenchPrompt
-from draftsmith.engines.llama_cpp import DraftOptions, engine_record
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import write_json
+from draftsmith.llama_cpp.server import DraftOptions, engine_record
 from draftsmith.serving.serve_check import (
     DEFAULT_DRAFT_MAX,
     ServeCheckSettings,
@@ -40,7 +40,7 @@ def target_files(spec: str, target_gguf: str | None = None, target_outtype: str 
         DraftsmithError: an offline model not fetched, or a folder target without `--target-gguf`
             or `--target-outtype`.
     """
-    from draftsmith.serving.target_gguf import converted_target_gguf
+    from draftsmith.llama_cpp.target_gguf import converted_target_gguf
     from draftsmith.target import offline_models
 
     folder = target_folder(spec)
@@ -69,8 +69,8 @@ def check_targets(spec: str, target_gguf: str | None, engine: str,
         DraftsmithError: whatever is missing, corrupted or of another model, named.
     """
     from draftsmith.engines.engine_env import own_engine_python
-    from draftsmith.export.gguf import OUTTYPES
-    from draftsmith.serving.target_gguf import check_target_gguf
+    from draftsmith.llama_cpp.convert import OUTTYPES
+    from draftsmith.llama_cpp.target_gguf import check_target_gguf
 
     if (target_gguf or target_outtype) and engine != "llama.cpp":
         raise DraftsmithError("--target-gguf and --target-outtype are for --engine llama.cpp; vLLM "

@@ -18,8 +18,8 @@ from draftsmith.data.regenerate import regenerate
 from draftsmith.data.render import render_messages, resolve_chat_template
 from draftsmith.data.server_check import check_serves_target
 from draftsmith.data.server_client import ChatServer, ServerUnavailable
-from draftsmith.engines.llama_cpp import LlamaCppServer
 from draftsmith.errors import DraftsmithError
+from draftsmith.llama_cpp.server import LlamaCppServer
 from draftsmith.target.offline_models import gguf_path
 from tests.helpers.state import require_offline_model
 from tests.helpers.tiny_targets import tiny_target

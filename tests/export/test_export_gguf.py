@@ -8,7 +8,7 @@ import json
 import pytest
 
 from draftsmith.cli import main
-from draftsmith.export.gguf import gguf_fields, gguf_target_layers
+from draftsmith.llama_cpp.convert import gguf_fields, gguf_target_layers
 from draftsmith.target.load import load_target
 from draftsmith.target.offline_models import model_dir
 from tests.helpers.export_helpers import build_drafter, write_checkpoint

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import draftsmith.export.gguf as gguf_module
-from draftsmith.engines.llama_cpp import DraftOptions
+import draftsmith.llama_cpp.convert as gguf_module
 from draftsmith.errors import DraftsmithError
+from draftsmith.llama_cpp.server import DraftOptions
 from draftsmith.serving.serve_check import engine_abort
 
 DISCONNECT = DraftsmithError("llama.cpp's server at http://127.0.0.1:1 failed a completion: "

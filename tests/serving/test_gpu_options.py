@@ -1,48 +1,20 @@
 """GPU options where a user expects them, checked without a GPU: `--device` parsed and passed by
-serve-check and bench, the engine command lines and environments for cuda vs cpu, the refusal of
-a CPU engine build on a GPU, and what the float32 lossless gate sets and promises on a GPU."""
+serve-check and bench, vLLM's command line and environment for cuda vs cpu (llama.cpp's:
+tests/llama_cpp/test_server.py), the refusal of a CPU engine build on a GPU, and what the float32
+lossless gate sets and promises on a GPU."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from draftsmith.cli import main
-from draftsmith.engines import llama_cpp, vllm
-from draftsmith.engines.engine_env import gpu_environment, require_gpu_engine
-from draftsmith.engines.llama_cpp import DraftOptions, LlamaCppServer
+from draftsmith.engines import vllm
+from draftsmith.engines.engine_env import require_gpu_engine
 from draftsmith.engines.vllm import VllmServer, _runtime_env
 from draftsmith.errors import DraftsmithError
 from draftsmith.serving import serve_check
 from draftsmith.serving.serve_check import ServeCheckSettings
-
-
-def test_llama_cpp_puts_every_layer_on_a_gpu_and_none_on_a_cpu(tmp_path):
-    draft = DraftOptions(tmp_path / "draft.gguf")
-    for device, layers in (("cpu", "0"), ("cuda", "999"), ("cuda:1", "999")):
-        server = LlamaCppServer(tmp_path / "t.gguf", device=device, draft=draft, threads=2)
-        server.port = 1234
-        command = server.command(tmp_path / "python")
-        assert command[command.index("--n-gpu-layers") + 1] == layers
-        assert command[command.index("--draft-model") + 1] == str(tmp_path / "draft.gguf")
-    assert gpu_environment("cuda:1") == {"CUDA_VISIBLE_DEVICES": "1"}
-    assert gpu_environment("cuda") == {} and gpu_environment("cpu") == {}
-
-
-def test_the_llama_cpp_launcher_declares_every_flag_the_server_passes(tmp_path):
-    """The launcher runs in the engine's own Python (it imports xllamacpp), so its flags are
-    read from its source: each flag of the command line is one it parses."""
-    declared = set(re.findall(r'add_argument\("(--[a-z-]+)"', llama_cpp.LAUNCHER.read_text()))
-    server = LlamaCppServer(tmp_path / "t.gguf", device="cuda", metrics=True, threads=2,
-                            draft=DraftOptions(tmp_path / "d.gguf"))
-    server.port = 1
-    passed = {arg for arg in server.command(Path("python")) if arg.startswith("--")}
-    assert passed <= declared, passed - declared
-    assert "params.n_gpu_layers = args.n_gpu_layers" in llama_cpp.LAUNCHER.read_text()
-    assert "spec.draft.n_gpu_layers = args.n_gpu_layers" in llama_cpp.LAUNCHER.read_text()
 
 
 def test_vllm_on_a_gpu_runs_without_the_cpu_only_flags(tmp_path):

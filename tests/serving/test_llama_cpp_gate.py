@@ -11,10 +11,9 @@ import torch
 
 from draftsmith.cli import main
 from draftsmith.data.prompt_files import load_prompt_file
-from draftsmith.engines.engine_requests import complete_greedy
-from draftsmith.engines.llama_cpp import LlamaCppServer
-from draftsmith.export.gguf import gguf_fields, gguf_target_layers
 from draftsmith.export.write import export_drafter
+from draftsmith.llama_cpp.convert import gguf_fields, gguf_target_layers
+from draftsmith.llama_cpp.server import LlamaCppServer, complete_greedy
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target.load import load_target
 from draftsmith.target.offline_models import gguf_path
