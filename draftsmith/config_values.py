@@ -246,7 +246,7 @@ def build_dataclass(cls, values, prefix: str, **extra):
 
 def add_prompt_arguments(parser, limit: int) -> None:
     """`--bench`, `--prompts`, `--limit` and `--max-new-tokens`, as `eval` and `serve-check` take
-    them (see `data.prompts.chosen_sets` / `gather_prompts`)."""
+    them (see `eval.prompts.sets.chosen_sets` / `gather_prompts`)."""
     parser.add_argument("--bench", default=None,
                         help="comma list of built-in prompt sets: mt_bench, humaneval, gsm8k, "
                         "sharegpt_long (long documents to summarise or answer from, 800-1,600 "

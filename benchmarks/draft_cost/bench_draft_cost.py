@@ -22,10 +22,10 @@ import statistics
 import time
 import types
 
-from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.prompts.files import gather_prompts
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.files import write_json
 from draftsmith.provenance import git_commit

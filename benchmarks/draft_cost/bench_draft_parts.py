@@ -18,12 +18,12 @@ import argparse
 import collections
 import time
 
-from draftsmith.data.prompt_files import gather_prompts
-from draftsmith.data.prompts import chosen_sets
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers import block_drafter
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.prompts.files import gather_prompts
+from draftsmith.eval.prompts.sets import chosen_sets
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export.load import load_any_drafter
 from draftsmith.files import write_json

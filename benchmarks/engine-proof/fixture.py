@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data.prompts import load_prompts
 from draftsmith.draft_vocab.vocab import build_draft_vocab
 from draftsmith.drafter_folder import read_drafter_weights, write_drafter_folder
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.models.features import cached_features, extract_features, hidden_indices
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import prompt_token_ids

@@ -13,12 +13,12 @@ import argparse
 import datetime
 from pathlib import Path
 
-from draftsmith.data.prompts import load_prompts
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.proposers.base import NoDraftProposer
 from draftsmith.decoding.proposers.draft_model import DraftModelProposer, DraftModelTreeProposer
 from draftsmith.decoding.proposers.tree_expansion import DynamicTreeConfig
 from draftsmith.decoding.runner import CausalLMRunner
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.files import write_json
 from draftsmith.provenance import git_commit
 from draftsmith.target.chat import render_chat

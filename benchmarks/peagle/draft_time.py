@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data.prompts import load_prompts
 from draftsmith.decoding.decode import generate
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.drafter_folder import LoadedDrafter
 from draftsmith.eval.methods import make_drafter_proposer
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import prompt_token_ids

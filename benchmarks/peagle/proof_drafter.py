@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data.prompts import load_prompts
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.models.features import target_features
 from draftsmith.models.peagle import peagle_loss
 from draftsmith.registry import get_spec

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.data.prompts import load_prompts
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.export import export_drafter
 from draftsmith.serving.serve_check import (

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data.prompts import load_prompts
 from draftsmith.decoding.runner import CausalLMRunner
 from draftsmith.eval.autotune import measure_verify_cost
+from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.files import write_json
 from draftsmith.provenance import git_commit
 from draftsmith.target.chat import render_chat

@@ -69,7 +69,7 @@ class EvalSection:
 
     def __post_init__(self):
         """Checked when the file is read, not hours later when the evaluation starts."""
-        from draftsmith.data.prompts import PROMPT_SETS
+        from draftsmith.eval.prompts.sets import PROMPT_SETS
 
         if not isinstance(self.passes, dict):
             raise DraftsmithError(f"eval.passes = {self.passes!r}: map a pass name to "

@@ -54,7 +54,7 @@ def read_engine_checks(config: BenchConfig) -> dict:
 
 
 def _check_one(config: BenchConfig, spec: dict, engine: str, log) -> dict:
-    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.eval.prompts.files import gather_prompts
     from draftsmith.export.formats import formats_for_kind
     from draftsmith.export.source import read_checkpoint
     from draftsmith.export.write import export_drafter

@@ -21,7 +21,7 @@ def check_pass(name: str, spec) -> None:
     Raises:
         DraftsmithError: naming `eval.passes.NAME.KEY`, the value, the choices and an example.
     """
-    from draftsmith.data.prompts import PROMPT_SETS
+    from draftsmith.eval.prompts.sets import PROMPT_SETS
     from draftsmith.target.quantize import QUANT_SCHEMES
 
     where = f"eval.passes.{name}"

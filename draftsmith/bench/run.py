@@ -313,7 +313,7 @@ def check_eval_prompts_early(config: BenchConfig) -> None:
     Raises:
         DraftsmithError: see `draftsmith.eval.prompts_fit.check_prompts_fit`.
     """
-    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.eval.prompts.files import gather_prompts
     from draftsmith.eval.prompts_fit import check_prompts_fit, draft_margin, target_context_length
     from draftsmith.target.load import load_tokenizer
 

@@ -76,10 +76,10 @@ def _drafter_args(values: list[str]) -> tuple[str | None, tuple[tuple[str, str],
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from draftsmith.data.prompts import chosen_sets
     from draftsmith.eval.config import build_eval_config
     from draftsmith.eval.evaluate import run_eval
     from draftsmith.eval.methods import Method
+    from draftsmith.eval.prompts.sets import chosen_sets
 
     methods = list(_csv(args.methods))
     single, named = _drafter_args(args.drafter or [])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.data.prompts import PROMPT_SETS
 from draftsmith.decoding.sampling import SamplingConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.methods import check_hybrid_settings, check_methods
+from draftsmith.eval.prompts.sets import PROMPT_SETS
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.target.load import FLAGS, TargetSpec, resolve_device
 from draftsmith.target.offline_models import DEFAULT_TARGET
@@ -30,7 +30,7 @@ class EvalConfig:
             `draftsmith.target.load.TargetSpec` (`target_spec()`); eval.json records them as written.
         bench: built-in prompt sets (mt_bench, humaneval, gsm8k).
         prompt_files: the user's prompt files (Spec-Bench / MT-bench JSONL, OpenAI `messages`
-            JSONL, or text with one prompt per line; see data/prompt_files.py).
+            JSONL, or text with one prompt per line; see eval/prompts/files.py).
         limit: items per set (per category of a prompt file).
         max_new_tokens: budget per turn.
         methods: methods in run order; the first is the speedup baseline and supplies MT-bench's

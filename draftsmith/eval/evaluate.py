@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.data.prompt_files import gather_prompts
 from draftsmith.decoding.proposers.draft_model import check_same_vocab
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.batch_sizes import Turn, run_batch_sizes
@@ -36,6 +35,7 @@ from draftsmith.eval.methods import (
     open_method_resources,
 )
 from draftsmith.eval.metrics import RunRecord, summarize_all, summarize_batch_sizes
+from draftsmith.eval.prompts.files import gather_prompts
 from draftsmith.eval.prompts_fit import check_eval_prompts_fit
 from draftsmith.eval.report import (
     format_batch_table,

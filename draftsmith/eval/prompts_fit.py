@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.autotune import CALIBRATION_TREE
+from draftsmith.eval.prompts.sets import BenchPrompt
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.target.chat import render_chat
 
@@ -130,7 +130,7 @@ def check_eval_prompts_fit(config) -> None:
         DraftsmithError: prompts that do not fit (see `check_prompts_fit`), or an unloadable
             target config or tokenizer.
     """
-    from draftsmith.data.prompt_files import gather_prompts
+    from draftsmith.eval.prompts.files import gather_prompts
     from draftsmith.target.load import load_tokenizer
 
     context = target_context_length(config.target, config.trust_remote_code)

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from draftsmith.data.prompts import BenchPrompt
 from draftsmith.engines.engine_requests import (
     EngineAnswer,
     accepted_per_position,
@@ -35,6 +34,7 @@ from draftsmith.engines.engine_requests import (
     read_metrics,
 )
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.sets import BenchPrompt
 from draftsmith.eval.settings import DecodeSettings
 from draftsmith.llama_cpp.server import DraftOptions, LlamaCppServer, complete_greedy
 from draftsmith.serving import ENGINES

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def cmd_serve_check(args: argparse.Namespace) -> int:
-    from draftsmith.data.prompt_files import gather_prompts
-    from draftsmith.data.prompts import chosen_sets
+    from draftsmith.eval.prompts.files import gather_prompts
+    from draftsmith.eval.prompts.sets import chosen_sets
     from draftsmith.serving.serve_check_run import (
         check_targets,
         require_export_folder,

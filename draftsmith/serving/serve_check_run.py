@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.sets import BenchPrompt
 from draftsmith.files import write_json
 from draftsmith.llama_cpp.server import DraftOptions, engine_record
 from draftsmith.serving.serve_check import (

@@ -113,7 +113,7 @@ def test_an_engine_python_without_the_engine_is_refused_when_read(tmp_path, monk
 
 
 def test_eval_prompts_that_cannot_fit_are_refused_before_the_data_stage(tmp_path, tiny_folder):
-    from draftsmith.data.prompts import SOURCES
+    from draftsmith.eval.prompts.sets import SOURCES
     from draftsmith.target.offline_models import cache_dir
 
     source = SOURCES["gsm8k"]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.files import load_prompt_file
 from tests.helpers.cli import assert_refused, run_cli
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from draftsmith.data.prompts import BenchPrompt
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.config import build_eval_config
+from draftsmith.eval.prompts.sets import BenchPrompt
 from draftsmith.eval.prompts_fit import check_eval_prompts_fit, check_prompts_fit
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.tiny_tokenizers import char_tokenizer

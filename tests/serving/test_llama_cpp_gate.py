@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from draftsmith.cli import main
-from draftsmith.data.prompt_files import load_prompt_file
+from draftsmith.eval.prompts.files import load_prompt_file
 from draftsmith.export.write import export_drafter
 from draftsmith.llama_cpp.convert import gguf_fields, gguf_target_layers
 from draftsmith.llama_cpp.server import LlamaCppServer, complete_greedy

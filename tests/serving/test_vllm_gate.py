@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from draftsmith.cli import main
-from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.engines.engine_env import engine_info
 from draftsmith.engines.vllm import ENGINE, engine_python
+from draftsmith.eval.prompts.files import load_prompt_file
 from draftsmith.export.write import export_drafter
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target.load import load_target

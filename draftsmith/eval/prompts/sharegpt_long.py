@@ -8,7 +8,7 @@ code marks, at least 90% letters, spaces and common punctuation), one per conver
 
 They come from the clean conversations at positions `HELD_OUT_FROM` and after, which no recipe
 with a `data.limit` reaches (every recipe of the offline targets: the largest takes the first
-12,000 of the 17,390; `tests/data/test_long_prompts.py` checks them); a thread that starts before
+12,000 of the 17,390; `tests/eval/prompts/test_sharegpt_long.py` checks them); a thread that starts before
 that position is skipped. The 8B recipes train on all of ShareGPT: their drafters have seen these
 documents, so judge them on other long prompts (`--prompts`).
 """

