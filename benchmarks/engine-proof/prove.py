@@ -119,9 +119,7 @@ def export_pair(checkpoint: Path, fmt: str, out: Path, target_dir: Path) -> tupl
     if out.exists():
         shutil.rmtree(out)
     if fmt == "gguf":
-        from draftsmith.export.gguf_export import export_gguf
-
-        folder = export_gguf(checkpoint, out, target_dir=target_dir, log=log)
+        folder = export_drafter(checkpoint, "gguf", out, target_dir=target_dir, log=log)
         return folder, next(folder.glob("*.gguf"))
     folder = export_drafter(checkpoint, fmt, out)
     return folder, folder

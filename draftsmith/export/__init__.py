@@ -4,13 +4,15 @@ DSpark DeepSpec; EAGLE-3 and DFlash as llama.cpp draft GGUFs), import those layo
 validate them against a target, write model cards and push to the Hugging Face Hub.
 
 Public API:
-    export_drafter(ckpt, fmt, out, eval_json=None, options=None) -> Path
+    export_drafter(ckpt, fmt, out, eval_json=None, options=None, ...) -> Path  (the one entry:
+        every folder format, and `gguf` with target_dir / outtype)
     load_exported(folder, target_model, allow_pickle=False) -> LoadedDrafter
     load_any_drafter(folder, target_model) -> LoadedDrafter  (export or draftsmith's own folder)
     is_exported_folder(folder) -> bool
     check_exported(folder, target_config) -> ExportedDrafter
     push_folder(folder, repo_id, private=False, revision=None, dry_run=False) -> commit URL
-    convert_to_gguf(export_dir, target_hf_dir, out, outtype="f32") -> Path  (llama.cpp draft)
+    convert_to_gguf(export_dir, target_hf_dir, out, outtype="f32") -> Path  (an export folder as
+        a llama.cpp draft)
     add_export_parser(subparsers), add_push_parser(subparsers): the CLI verbs
 
 Names are imported on first use, so `draftsmith --help` does not pay for torch and transformers.

@@ -56,7 +56,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                             allow_base_model_mismatch=args.allow_base_model_mismatch)
     from draftsmith.export.formats import FORMATS
 
-    if args.format not in (*FORMATS, "gguf"):  # gguf: export/gguf_export.py, one file
+    if args.format not in (*FORMATS, "gguf"):  # gguf: export/gguf.py, one file
         raise DraftsmithError(f"--format {args.format!r} is not an export format; choose one of: "
                               f"{', '.join((*FORMATS, 'gguf'))}")
     if args.target_dir and args.format != "gguf":

@@ -59,7 +59,7 @@ LOADER_CONTRACTS[("dspark", "sglang")] = "tests/export/test_sglang_dspark_contra
 def all_formats() -> list[ExportFormat]:
     """Every export format: the folder layouts, then one GGUF per kind llama.cpp serves."""
     from draftsmith.export.formats import FORMATS
-    from draftsmith.export.gguf_format import gguf_format
+    from draftsmith.export.gguf import gguf_format
     from draftsmith.registry import DRAFTERS
 
     return [*FORMATS.values(), *(gguf_format(kind) for kind, spec in DRAFTERS.items()

@@ -9,7 +9,7 @@ import pytest
 
 import draftsmith.export.gguf as gguf_module
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.gguf_export import check_target_sizes, target_sizes
+from draftsmith.export.gguf import check_target_sizes, target_sizes
 from tests.helpers.cli import assert_refused, run_cli
 from tests.helpers.export_helpers import TARGET_NAME, make_checkpoint
 from tests.helpers.tiny_targets import tiny_config

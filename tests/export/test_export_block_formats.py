@@ -182,13 +182,12 @@ def test_a_draft_vocabulary_is_exported_as_vllm_loads_it(tmp_path, fmt):
 def test_a_draft_vocabulary_dflash_is_refused_where_engines_drop_it(tmp_path):
     """SGLang's DFlash declares no draft head and skips d2t, llama.cpp's converter drops both:
     each would serve a full-vocabulary drafter, so GGUF export and the registry refuse them."""
-    from draftsmith.export.gguf_export import export_gguf
     from draftsmith.registry import get_spec
 
     _, _, folder = make_checkpoint(tmp_path, "dflash", settings={
         "block_size": 4, "num_layers": 2, "draft_vocab_size": 60})
     with pytest.raises(DraftsmithError, match="retrain with the full vocabulary"):
-        export_gguf(folder, tmp_path / "gguf")
+        export_drafter(folder, "gguf", tmp_path / "gguf")
     spec = get_spec("dflash")
     unserved = spec.unserved_by(spec.make_config({"draft_vocab_size": 60}))
     assert set(unserved) == {"sglang", "llama.cpp"}

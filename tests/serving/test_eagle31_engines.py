@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.gguf_export import export_gguf
 from draftsmith.export.write import export_drafter
 from draftsmith.serving.serve_check_run import check_servable_export
 from tests.helpers.export_helpers import SETTINGS, build_drafter, write_checkpoint
@@ -44,5 +43,5 @@ def test_llama_cpp_refuses_eagle31_and_vllm_takes_it(checkpoints, tiny_folder, t
 
 def test_gguf_export_refuses_eagle31_before_converting(checkpoints, tmp_path):
     with pytest.raises(DraftsmithError, match=r"--format gguf: .* not served by llama\.cpp"):
-        export_gguf(checkpoints["eagle3.1"], tmp_path / "gguf")
+        export_drafter(checkpoints["eagle3.1"], "gguf", tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
