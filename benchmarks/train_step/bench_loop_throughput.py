@@ -151,10 +151,41 @@ def summarize(raw: dict, steps: int) -> dict:
     cpu = ends[steps - 2][1] - ends[0][1]
     real = sum(raw["real"][i] for i in timed)
     padded = sum(raw["padded"][i] for i in timed)
+    # per step: steady against another process taking the cores for a few steps
+    per_step = sorted(raw["real"][i] / (ends[i][0] - ends[i - 1][0]) for i in timed)
     return {"real_tokens_per_s": real / wall, "real_tokens_per_cpu_s": real / cpu,
+            "median_step_real_tokens_per_s": per_step[len(per_step) // 2],
             "s_per_step": wall / len(timed), "cpu_s_per_step": cpu / len(timed),
             "real_tokens_per_step": real / len(timed), "padding_share": 1 - real / padded,
             "scalar_reads_per_step": sum(raw["reads"].values()), "reads": raw["reads"]}
+
+
+def table(record: dict) -> str:
+    """Per features mode and arm: the median over the arm's runs of each timed column (each run
+    in brackets for real tokens/s), the deterministic columns, and the load averages seen."""
+    import statistics
+
+    lines = ["| features | arm | real tokens/s (wall) | median step's real tokens/s | real tokens "
+             "per CPU-s | s/step | real tokens/step | padding | host reads/step | load |",
+             "|---" * 10 + "|"]
+    for mode in MODES:
+        for arm in ("before", "after"):
+            runs = [r for r in record["runs"] if r["mode"] == mode and r["arm"] == arm]
+            if not runs:
+                continue
+
+            def median(key, runs=runs):
+                return statistics.median(r[key] for r in runs)
+
+            each = ", ".join(f"{r['real_tokens_per_s']:.0f}" for r in runs)
+            loads = [x for r in runs for x in r["load_average"]]
+            lines.append(
+                f"| {mode} | {arm} | {median('real_tokens_per_s'):.0f} ({each}) | "
+                f"{median('median_step_real_tokens_per_s'):.0f} | "
+                f"{median('real_tokens_per_cpu_s'):.0f} | {median('s_per_step'):.2f} | "
+                f"{median('real_tokens_per_step'):.0f} | {median('padding_share'):.1%} | "
+                f"{median('scalar_reads_per_step'):.0f} | {min(loads):.1f}-{max(loads):.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_arm(checkout: Path, mode: str, args, overrides: list[str], tag: str) -> dict:
@@ -186,8 +217,11 @@ def main() -> None:
     parser.add_argument("--child-out")
     parser.add_argument("--padding", action="store_true",
                         help="print the padding shares of whole epochs (no training) and stop")
+    parser.add_argument("--table", type=Path, help="print a written JSON's Markdown table")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
+    if args.table:
+        return print(table(json.loads(args.table.read_text())), end="")
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     config = rest.index("--config")
     args.config, overrides = rest[config + 1], rest[:config] + rest[config + 2:]

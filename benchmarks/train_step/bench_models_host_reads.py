@@ -15,7 +15,10 @@ right-padded), collated by `train/batching.py`; both arms get the same batches. 
 runs in a fresh process whose `draftsmith` is the checkout's (PYTHONPATH). The target is
 SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, vocab 49,152, 30 layers) with random
 weights; its features are random tensors of each batch's shape (the target's own forward is not
-timed). Drafter settings are the smollm2-135m recipes' (recipes/smollm2-135m/<kind>.yaml;
+timed), its choice after each position the data's next token, as an offline cache stores it
+(the data's answers are the target's own greedy ones), and the drafters with a draft vocabulary
+install the data run's (`draft_vocab.safetensors`), so the share of trained rows whose target
+choice the draft vocabulary holds is the data's (98% on the quickstart's). Drafter settings are the smollm2-135m recipes' (recipes/smollm2-135m/<kind>.yaml;
 Medusa's is medusa1.yaml). The first batch, under a dispatch mode that counts
 `_local_scalar_dense`, `nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and
 the read count; the next `--steps` batches are timed, in wall seconds and in the process's CPU
@@ -68,6 +71,7 @@ def _reads_mode():
 def plan_batches(args, count: int) -> list[dict]:
     """The first `count` batches of the data's epoch 0 under `args.batching`, collated (input
     ids, attention and loss masks: (B, T) each)."""
+    from draftsmith.models.layers import shift_left
     from draftsmith.train.batching import collate, token_batches
     from draftsmith.train.run import read_tokenized
 
@@ -85,7 +89,22 @@ def plan_batches(args, count: int) -> list[dict]:
     if len(plan) < count:
         raise SystemExit(f"{args.data} gives {len(plan)} batches; --steps asks for {count - 1} "
                          "timed after one warm-up: lower --steps or use more data")
-    return [collate([examples[i] for i in b], args.max_length) for b in plan[:count]]
+    batches = [collate([examples[i] for i in b], args.max_length) for b in plan[:count]]
+    for batch in batches:  # the target's choice after each position, as the cache stores it:
+        # the data's next token (the data's answers are the target's own greedy ones)
+        batch["target_argmax"] = shift_left(batch["input_ids"], 1)
+    return batches
+
+
+def draft_vocab(data: Path) -> dict:
+    """The data run's draft vocabulary (d2t, t2d), which the drafters with one install."""
+    from safetensors.torch import load_file
+
+    path = data / "draft_vocab.safetensors"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run the data step of a recipe with "
+                         "data.draft_vocab_size set, or pass another --data")
+    return load_file(path)
 
 
 def batch_tokens(batches: list[dict]) -> dict:
@@ -101,39 +120,44 @@ def batch_tokens(batches: list[dict]) -> dict:
 
 
 def eagle3_rows(batches: list[dict]) -> str:
-    """Rows EAGLE-3's row-wise parts compute on the timed batches: packed (the old step: real
-    tokens at step 0, positions trained at that step or later after, heads on trained rows)
-    against every position (the read-free step), as a Markdown table."""
+    """Rows EAGLE-3's row-wise parts compute on the timed batches, as a Markdown table: packed
+    (before issue 53: real tokens at step 0, positions trained at that step or later after,
+    heads on trained rows), every position (the first read-free step) and gathered (heads and
+    teacher on the collate's trained positions, the decoder layer on every position)."""
     import torch
 
     from draftsmith.models.eagle3 import ttt_rows
-    from draftsmith.models.layers import shift_left
+    from draftsmith.models.layers import next_trained_rows, shift_left
 
     steps = recipe_settings("eagle3")["ttt_steps"]
-    totals = [[0, 0] for _ in range(3)]
+    totals = [[0, 0, 0] for _ in range(3)]
     real = trained = padded = 0
     for batch in batches[1:]:
         attention_mask, loss_mask = batch["attention_mask"], batch["loss_mask"]
         b, t = attention_mask.shape
         index = torch.arange(t)[None]
         valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
-        counts = [(sum(int(n.sum()) for n in ttt_rows(attention_mask, valid)), b * t * steps),
-                  (sum(int(v.sum()) for v in valid), sum(b * max(t - 2 - j, 0)
-                                                         for j in range(steps))),
-                  (int((shift_left(loss_mask, 1) > 0).sum()), b * t)]
-        for total, (before, after) in zip(totals, counts, strict=True):
-            total[0] += before
-            total[1] += after
+        every = b * t * steps
+        m = len(next_trained_rows(loss_mask))
+        counts = [(sum(int(n.sum()) for n in ttt_rows(attention_mask, valid)), every, every),
+                  (sum(int(v.sum()) for v in valid),
+                   sum(b * max(t - 2 - j, 0) for j in range(steps)), m * steps),
+                  (int((shift_left(loss_mask, 1) > 0).sum()), b * t, m)]
+        for total, count in zip(totals, counts, strict=True):
+            for i, value in enumerate(count):
+                total[i] += value
         real += int(attention_mask.sum())
         trained += int(loss_mask.sum())
         padded += b * t
     lines = [f"{len(batches) - 1} batches: real tokens {real:,}, trained {trained:,} of "
              f"{padded:,}", "",
-             f"| EAGLE-3, {steps} TTT steps | rows packed | rows every position | ratio |",
-             "|---|---|---|---|"]
-    for name, (before, after) in zip(("decoder layer (all steps)", "draft head (all steps)",
-                                      "target head (once)"), totals, strict=True):
-        lines.append(f"| {name} | {before:,} | {after:,} | {after / before:.2f} |")
+             f"| EAGLE-3, {steps} TTT steps | packed | every position | gathered | gathered / "
+             "packed |", "|---|---|---|---|---|"]
+    for name, (packed, every, gathered) in zip(
+            ("decoder layer (all steps)", "draft head (all steps)", "target head (once)"),
+            totals, strict=True):
+        lines.append(f"| {name} | {packed:,} | {every:,} | {gathered:,} | "
+                     f"{gathered / packed:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -165,7 +189,10 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
     head.weight.data = embed.weight.data.to(feature_dtype) * 4
     target = type("Target", (), {"config": config, "get_input_embeddings": lambda self: embed,
                                  "get_output_embeddings": lambda self: head})()
+    saved = torch.load(batches_path)
     drafter = spec.build(config, settings)
+    if getattr(drafter, "reduced_vocab", False):  # the data's, as training installs it
+        drafter.set_draft_vocab(saved["draft_vocab"]["d2t"], saved["draft_vocab"]["t2d"])
     drafter.init_from_target(target)
     drafter.train()
     gen = torch.Generator().manual_seed(1)
@@ -176,8 +203,11 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
             return torch.randn(*batch["input_ids"].shape, config.hidden_size,
                                generator=gen).to(feature_dtype)
 
+        rows = {key: batch[key] for key in ("next_trained",)  # the collate's, where it counts
+                if key in Features.__dataclass_fields__}
         return Features(batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
-                        hidden(), [hidden() for _ in layers], head)
+                        hidden(), [hidden() for _ in layers], head,
+                        target_argmax=batch["target_argmax"], **rows)
 
     def step(features):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -185,7 +215,7 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
         loss.backward()
         drafter.zero_grad(set_to_none=True)
 
-    batches = [features(b) for b in torch.load(batches_path)]
+    batches = [features(b) for b in saved["batches"]]
     reads = _reads_mode()
     with reads:  # the count, and the warm-up, on the first batch
         step(batches[0])
@@ -278,7 +308,7 @@ def main() -> None:
     import torch
 
     batches_path = args.out.resolve().with_suffix(".batches.pt")
-    torch.save(batches, batches_path)
+    torch.save({"batches": batches, "draft_vocab": draft_vocab(args.data)}, batches_path)
     commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()
                for name, path in (("before", args.before), ("after", args.after))}
