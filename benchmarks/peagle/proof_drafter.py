@@ -10,17 +10,18 @@ always (an overfit drafter accepted at every position would hide a layout mismat
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from draftsmith.drafter_folder import write_drafter_folder
 from draftsmith.eval.prompts.sets import load_prompts
 from draftsmith.models.features import target_features
 from draftsmith.models.peagle import peagle_loss
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import prompt_token_ids
 from draftsmith.target.load import load_target
-from tests.helpers.export_helpers import write_checkpoint
 
 VOCAB = 1024
 SETTINGS = {"draft_vocab_size": VOCAB, "num_depths": 3, "mask_token_id": 16}
@@ -71,8 +72,16 @@ def main() -> None:
         if step % 10 == 0 or step == args.steps - 1:
             accs = " ".join(f"{metrics[f'acc_{d}']:.2f}" for d in range(3))
             print(f"step {step} loss {loss.item():.3f} acc by depth {accs}", flush=True)
-    write_checkpoint(args.out / "drafter", "peagle", module.eval(), model, SETTINGS,
-                     training_steps=args.steps)
+    tensors = {k: v.contiguous() for k, v in module.state_dict().items()
+               if not k.startswith("rotary.")}
+    meta = {"kind": "peagle", "drafter_config": asdict(module.config),
+            "target": "smollm2-135m-instruct", "target_config": model.config.to_dict(),
+            "aux_layers": list(module.layer_ids), "training_steps": args.steps,
+            "num_processes": 1, "lora": False, "eval": {},
+            "recipe": {"target": {"name": "smollm2-135m-instruct"},
+                       "drafter": {"kind": "peagle", **SETTINGS},
+                       "train": {"optimizer": "adamw", "lr": 3e-3, "max_steps": args.steps}}}
+    write_drafter_folder(args.out / "drafter", tensors, meta)
 
 
 if __name__ == "__main__":
