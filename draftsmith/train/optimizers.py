@@ -22,7 +22,7 @@ OPTIMIZERS = ("adamw", "muon")
 ADAMW_BETAS = (0.9, 0.95)
 MUON_MOMENTUM = 0.95
 MUON_WEIGHT_DECAY = 0.1
-MUON_LR_FACTOR = 10.0  # muon_lr defaults to 10 x lr (speculators' schema)
+MUON_LR_FACTOR = 10.0  # muon_lr = 10 x lr by default; speculators 0.9's default is lr itself
 
 
 def check_optimizer(name: str) -> None:

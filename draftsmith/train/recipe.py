@@ -30,7 +30,8 @@ class TrainSection:
         optimizer: `adamw` (every parameter) or `muon` (torch.optim.Muon for the drafter's 2-D
             matrix weights, AdamW for norms, biases, embeddings and heads; see
             train/optimizers.py), both on the same schedule.
-        muon_lr: Muon's peak learning rate; null = 10 x lr (speculators' default).
+        muon_lr: Muon's peak learning rate; null = 10 x lr (speculators 0.9 defaults it to lr;
+            at 1e-3 its recipe learned least in benchmarks/peer-recipe/).
         batch_size: sequences per process per micro-step (`batching: rows`); with `batching:
             tokens`, batch_size x max_length is each process's padded tokens per micro-step.
         batching: `tokens` (length-bucketed batches of about `batch_tokens` padded tokens each,
