@@ -10,12 +10,16 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   weights for the step;
 - online, the target's forward under no_grad keeps the hidden states the drafter reads
   (`models/features.extract_features`) beside one layer's working set; then those states and the
-  target's logits over the draft vocabulary after every position live through the step (the
-  full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
+  target's logits over the draft vocabulary after the trained positions live through the step
+  (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
-  every position (the step selects its rows by masks, never by a host count), the keys/values of
-  every step so far concatenated to (j+1)T, the attention kernel's saved tensors, and the draft
-  head's float32 log-probabilities and teacher probabilities on every position.
+  every position (step 0's keys need them all), the keys/values of every step so far
+  concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's float32
+  log-probabilities and teacher probabilities on the trained rows (the collate's
+  `next_trained`, gathered without a host count).
+
+The teacher logits and the head's rows are sized here at every position: an upper bound, reached
+when every token of the batch is trained (on chat data about 60-75% are).
 
 Attention: the training-time test attends through `models/ttt_attention.py` (causal SDPA without
 a mask plus the diagonal blocks, merged by a sink key), which the fused kernels take on every
@@ -128,7 +132,7 @@ def feature_bytes(s: ModelShapes, cfg: Settings) -> int:
     """The hidden states the drafter reads and the teacher logits, live through the step."""
     tokens = cfg.batch * cfg.length
     states = s.hidden_indices * tokens * s.hidden * cfg.target_bytes
-    if cfg.online:  # the draft-vocabulary slice of every position; one chunk's full product
+    if cfg.online:  # draft-vocabulary slice (every position: a bound); one chunk's full product
         logits = (tokens * s.draft_vocab + min(tokens, HEAD_CHUNK) * s.vocab) * cfg.target_bytes
     else:  # the cache's argmax: only the draft vocabulary's rows of the head are applied
         states += s.hidden_indices * tokens * s.hidden * cfg.cache_bytes
