@@ -29,7 +29,12 @@ from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_i
 from draftsmith.models.features import Features, hidden_indices
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
-from draftsmith.models.peagle import PEagleConfig, PEagleDrafter, peagle_loss
+from draftsmith.models.peagle import (
+    PEagleConfig,
+    PEagleDrafter,
+    collate_cod_rows,
+    peagle_loss,
+)
 from draftsmith.models.target_support import HEAD_FIELDS, LAYER_FIELDS, check_target_supported
 
 
@@ -72,6 +77,10 @@ class DrafterSpec:
             serve-check refuse with that message.
         target_fields: the target config fields its module reads when built (a target whose
             config lacks one, GPT-2's intermediate_size, is refused by `check_target`).
+        collate_rows: (config, seed, input_ids, attention_mask, loss_mask) -> named index
+            tensors its loss needs whose sizes depend on the data (P-EAGLE's COD draw): drawn by
+            the training collate on the host, so the step reads none from the device; reaches
+            the loss as `Features.kind_rows`. A module-level function (loader workers pickle it).
     """
 
     kind: str
@@ -93,6 +102,7 @@ class DrafterSpec:
     engine_options: dict[str, dict] = field(default_factory=dict)
     unserved_by: Callable[[object], dict[str, str]] = lambda config: {}
     target_fields: tuple[str, ...] = LAYER_FIELDS
+    collate_rows: Callable[..., dict[str, torch.Tensor]] | None = None
 
     @property
     def default_tree(self) -> str:
@@ -220,7 +230,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=PEagleDrafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: peagle_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.aux_hidden, f),
+                                          f.aux_hidden, f, f.kind_rows or None),
+            collate_rows=collate_cod_rows,
             proposer="parallel",
             tree_shapes=("dynamic", "chain"),
             drafts_in_one_forward=True,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -33,6 +33,12 @@ from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
 HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every_at`
 NEXT_TRAINED_KEY = "next_trained"  # the batch key of `next_trained_rows`, set by the collate
+KIND_ROWS = "kind_rows."  # batch keys of a kind's own rows, drawn by the collate (`collate_rows`)
+
+
+def kind_rows_of(batch: dict) -> dict[str, torch.Tensor]:
+    """A kind's own rows that the collate drew on the host (registry `collate_rows`), by name."""
+    return {k[len(KIND_ROWS):]: v for k, v in batch.items() if k.startswith(KIND_ROWS)}
 
 
 def hidden_key(index: int) -> str:
@@ -126,6 +132,8 @@ class Features:
             cache stored it (`data/cache.py`); lets `restricted` skip the full-vocabulary head.
         next_trained: (m,) `next_trained_rows(loss_mask)` as the collate computed it on the host;
             None = counted here when a loss first asks (a host read on a GPU).
+        kind_rows: the rows a kind's collate drew on the host (registry `collate_rows`; P-EAGLE's
+            COD draw), by name; empty = the loss draws them itself.
     """
 
     input_ids: torch.Tensor
@@ -136,6 +144,7 @@ class Features:
     head: nn.Module
     target_argmax: torch.Tensor | None = None
     next_trained: torch.Tensor | None = None
+    kind_rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @functools.cached_property
     def target_logits(self) -> torch.Tensor:
@@ -155,9 +164,9 @@ class Features:
     def _trained_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Row index per position (-1 where untrained) and the head's logits on trained rows,
         computed once per batch."""
-        needed, row_of = self._needed
+        _, row_of = self._needed
         with torch.no_grad():
-            rows = self.head(self.last_hidden[needed].to(self.head.weight.dtype))
+            rows = self.every_at(self.trained_positions(self.loss_mask))
         return row_of, rows
 
     def _rows_after(self, valid: torch.Tensor, shift: int) -> torch.Tensor:
@@ -236,14 +245,21 @@ class Features:
         _check_trained(index)
         return index
 
-    def restricted(self, columns: torch.Tensor):
-        """A RestrictedTargetLogits (models/layers.py): the trained rows' logits over `columns`
-        and their full-vocabulary argmax, sliced and reduced once for the whole batch (P-EAGLE's
-        rows). See `_restricted_rows` for what is computed."""
-        sliced, choice = self._restricted_rows(columns)
+    def restricted_rows(self, columns: torch.Tensor):
+        """A RestrictedTargetLogits (models/layers.py): every trained row's logits over `columns`
+        and full-vocabulary argmax, sliced and reduced once for the whole batch, gathered after
+        given flat positions by index (P-EAGLE's anchors). See `_restricted_rows`.
 
-        def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
-            index = self._rows_after(valid, shift)
+        Raises:
+            RuntimeError: a requested position's next token is not trained (a loss bug; raised
+                where the device reports it).
+        """
+        sliced, choice = self._restricted_rows(columns)
+        _, row_of = self._needed
+
+        def after(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            index = row_of.flatten()[rows]
+            _check_trained(index)
             return sliced[index], choice[index]
 
         return after
@@ -267,10 +283,10 @@ class Features:
         plain = isinstance(head, nn.Linear) and head.bias is None
         with torch.no_grad():
             if self.target_argmax is not None and plain:
-                needed, _ = self._needed
-                hidden = self.last_hidden[needed].to(head.weight.dtype)
+                trained = self.trained_positions(self.loss_mask)
+                hidden = self.last_hidden.flatten(0, 1)[trained].to(head.weight.dtype)
                 sliced = nn.functional.linear(hidden, head.weight[columns])
-                choice = self.target_argmax[needed].long()
+                choice = self.target_argmax.flatten()[trained].long()
             else:
                 _, rows = self._trained_rows
                 sliced, choice = rows[:, columns], rows.argmax(-1)
@@ -290,7 +306,8 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
     """Features from a batch of cached hidden states (offline mode); the target logits are
     recomputed with the frozen head. Keys are `hidden_key(i)`, as the cache writes them;
     they are cast to the head's dtype (a bf16 cache feeds a float32 run as float32). The
-    collate's `NEXT_TRAINED_KEY`, when the batch has it, becomes `next_trained`."""
+    collate's `NEXT_TRAINED_KEY`, when the batch has it, becomes `next_trained`, and its kind rows
+    (`KIND_ROWS` keys) `kind_rows`."""
     dtype = next(head.parameters()).dtype
     last = batch[hidden_key(num_layers)].to(dtype)
     return Features(
@@ -302,22 +319,26 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
         head=head,
         target_argmax=batch.get("target_argmax"),
         next_trained=batch.get(NEXT_TRAINED_KEY),
+        kind_rows=kind_rows_of(batch),
     )
 
 
 @torch.no_grad()
 def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     loss_mask: torch.Tensor, aux_layers: list[int],
-                    next_trained: torch.Tensor | None = None) -> Features:
+                    next_trained: torch.Tensor | None = None,
+                    kind_rows: dict[str, torch.Tensor] | None = None) -> Features:
     """Run the frozen target once and collect what a drafter needs (online mode).
 
     Uses `extract_features`, as the data pipeline's cache does, so online training and the offline
     cache compute the same tensors. `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
-    `next_trained`: the collate's `next_trained_rows(loss_mask)`, if it counted them.
+    `next_trained`: the collate's `next_trained_rows(loss_mask)`, if it counted them;
+    `kind_rows`: the rows a kind's collate drew (`Features.kind_rows`).
     """
     num_layers = target.config.num_hidden_layers
     indices = hidden_indices(num_layers, aux_layers)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
              NEXT_TRAINED_KEY: next_trained,
+             **{KIND_ROWS + k: v for k, v in (kind_rows or {}).items()},
              **extract_features(target, input_ids, attention_mask, indices)}
     return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)

@@ -37,8 +37,8 @@ class TargetLogits(Protocol):
     next token is trained, counted by the collate on the host) and the logits after them,
     `every_at(rows)` or `restricted_every_at(columns, rows)`: each step gathers those m rows,
     and nothing waits on a host count. Calling it, `(valid, shift)` -> (m, V) rows at i + shift
-    for every i set in `valid`, serves losses that pick scattered positions (the block
-    drafters, P-EAGLE).
+    for every i set in `valid` (a boolean selection: a host read on a GPU), serves reference
+    computations (tests).
     """
 
     def __call__(self, valid: torch.Tensor, shift: int) -> torch.Tensor: ...
@@ -81,25 +81,21 @@ def dense_target_logits(logits: torch.Tensor) -> DenseTargetLogits:
     return DenseTargetLogits(logits)
 
 
-# restricted(valid, shift): (the target's logits over a column subset (m, C), its full-vocabulary
-# argmax (m,)) at i + shift for every i set in `valid` (P-EAGLE's rows).
-RestrictedTargetLogits = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# restricted(rows): (the target's logits over a column subset (m, C), its full-vocabulary argmax
+# (m,)) after each of the flat (B * T) positions `rows` (P-EAGLE's anchors).
+RestrictedTargetLogits = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def restrict_target_logits(target_logits_after: TargetLogits, columns: torch.Tensor
-                           ) -> RestrictedTargetLogits:
-    """The target's logits over `columns` and its argmax, from a TargetLogits. One that offers
-    `.restricted(columns)` (the training features) slices and argmaxes its rows once per batch
-    instead of once per call; the values are the same."""
-    restricted = getattr(target_logits_after, "restricted", None)
+def restrict_target_logits_at(target_logits_after: TargetLogits, columns: torch.Tensor
+                              ) -> RestrictedTargetLogits:
+    """The target's logits over `columns` and its argmax after given flat positions, from a
+    TargetLogits. One that offers `.restricted_rows(columns)` (the training features) slices and
+    argmaxes its trained rows once per batch and gathers them per call; otherwise each call
+    computes its rows (`restricted_every_at`). The values are the same."""
+    restricted = getattr(target_logits_after, "restricted_rows", None)
     if restricted is not None:
         return restricted(columns)
-
-    def after(valid: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = target_logits_after(valid, shift)
-        return rows[:, columns], rows.argmax(-1)
-
-    return after
+    return lambda rows: target_logits_after.restricted_every_at(columns, rows)
 
 
 def drafter_layer_config(target_config, **overrides) -> LlamaConfig:

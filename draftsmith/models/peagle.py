@@ -27,7 +27,7 @@ from torch import nn
 
 from draftsmith.models.dflash import resolve_mask_token
 from draftsmith.models.eagle3 import Eagle3Drafter, ttt_rows
-from draftsmith.models.layers import KV, TargetLogits, restrict_target_logits, shift_left
+from draftsmith.models.layers import KV, TargetLogits, restrict_target_logits_at, shift_left
 from draftsmith.models.losses import (
     PositionLosses,
     check_position_weights,
@@ -158,7 +158,16 @@ class PEagleDrafter(Eagle3Drafter):
         return full
 
 
-def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float) -> list[torch.Tensor]:
+def cod_valid(loss_mask: torch.Tensor, depths: int) -> list[torch.Tensor]:
+    """Where each depth's label is trained, (B, T) bool per depth: anchor i at depth d is
+    trained to predict token i + d + 2, which must be in the loss mask and inside the row."""
+    t = loss_mask.shape[1]
+    index = torch.arange(t, device=loss_mask.device)[None]
+    return [(shift_left(loss_mask, 2 + d) > 0) & (index < t - 2 - d) for d in range(depths)]
+
+
+def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
+                generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """COD sampling: the anchors each depth trains, (B, T) bool each.
 
     Depth 0: every trained position (`valid[0]`). Depth d: a uniform random subset of depth
@@ -167,7 +176,8 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float) -> li
     holds the next, as the training step's packed rows require. No host sync.
 
     Args:
-        valid: (B, T) bool per depth, where that depth's label is trained.
+        valid: (B, T) bool per depth, where that depth's label is trained (`cod_valid`).
+        generator: the draw's random source (the collate's, seeded by the batch).
     """
     seeds = valid[0].sum(1)
     chosen = [valid[0]]
@@ -175,15 +185,43 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float) -> li
         eligible = chosen[-1] & valid[depth]
         fraction = max(ratio ** depth, min_ratio)
         count = ((seeds - depth).clamp_min(0).double() * fraction).floor().long()
-        scores = torch.rand(eligible.shape, device=eligible.device).masked_fill(~eligible, -1.0)
-        rank = scores.argsort(1, descending=True).argsort(1)
+        scores = torch.rand(eligible.shape, device=eligible.device, generator=generator)
+        rank = scores.masked_fill(~eligible, -1.0).argsort(1, descending=True).argsort(1)
         chosen.append(eligible & (rank < count[:, None]))
     return chosen
 
 
+def cod_rows(attention_mask: torch.Tensor, anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The training forward's rows of a COD draw, as flat (B * T) positions in ascending order
+    (counted where the masks live: the collate runs this on the host, so the step reads none):
+    `packed`, depth 0's rows (every real token and every depth-0 anchor: the keys later depths
+    read); `anchors.{d}`, depth d's anchors; `scored`, where depth 0's anchors sit in `packed`.
+
+    Args:
+        attention_mask: (B, T), right-padded.
+        anchors: (B, T) bool per depth, each set holding the next (`cod_anchors`).
+    """
+    packed = ttt_rows(attention_mask, anchors)[0].flatten().nonzero().squeeze(1)
+    flat = [a.flatten().nonzero().squeeze(1) for a in anchors]
+    return {"packed": packed, "scored": torch.searchsorted(packed, flat[0]),
+            **{f"anchors.{d}": rows for d, rows in enumerate(flat)}}
+
+
+def collate_cod_rows(config: PEagleConfig, seed: int, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor, loss_mask: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """A batch's COD draw and its rows (`cod_rows`), made by the collate on the host. The draw
+    is seeded by the batch's tokens and `seed`, so a resumed run draws what the first did."""
+    content = int((input_ids * loss_mask).sum()) * 1_000_003 + int(attention_mask.sum())
+    generator = torch.Generator().manual_seed((seed * 7_919 + content) % 2 ** 62)
+    valid = cod_valid(loss_mask, config.num_depths)
+    return cod_rows(attention_mask, cod_anchors(valid, config.cod_ratio, config.cod_min_ratio,
+                                                generator))
+
+
 def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
-                target_logits_after: TargetLogits
+                target_logits_after: TargetLogits, rows: dict[str, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """P-EAGLE's loss over COD-sampled parallel slots.
 
@@ -191,12 +229,15 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
     depth d of anchor i feeds `mask_token_id` and `fc(mask_hidden)` at position i+d. Both are
     trained to match the target's distribution of token i+d+2 over the draft vocabulary where
     that token is in the loss mask (a target choice outside the draft vocabulary is a miss).
-    Total = sum_d w_d * mean loss_d (`loss`, `position_weights`: see models/losses.py).
+    Total = sum_d w_d * mean loss_d (`loss`, `position_weights`: see models/losses.py). Every
+    row is gathered by index: with the collate's `rows`, nothing waits on the host.
 
     Args:
         input_ids, attention_mask, loss_mask: (B, T).
         aux_hidden: three (B, T, H) target layer outputs.
         target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
+        rows: the collate's COD draw (`collate_cod_rows`); None = drawn here from the global RNG
+            (host reads on a GPU: evaluation and tests).
 
     Returns:
         (loss, metrics) with `acc_{d}` (top-1 agreement with the target over depth d's sampled
@@ -204,59 +245,59 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
     """
     cfg = drafter.config
     b, t = input_ids.shape
-    index = torch.arange(t, device=input_ids.device)[None]
+    if rows is None:
+        valid = cod_valid(loss_mask, cfg.num_depths)
+        rows = cod_rows(attention_mask, cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio))
     draft_ids = drafter.draft_ids()
-    valid = [(shift_left(loss_mask, 2 + d) > 0) & (index < t - 2 - d)
-             for d in range(cfg.num_depths)]
-    trained = cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio)
-    teacher = restrict_target_logits(target_logits_after, draft_ids)
+    teacher = restrict_target_logits_at(target_logits_after, draft_ids)
     weights = [cfg.step_weight ** d for d in range(cfg.num_depths)] \
         if cfg.position_weights == "geometric" else decay_weights(cfg.num_depths, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             input_ids.device)
     metrics: dict[str, torch.Tensor] = {}
-    for d, rows, out in depth_states(drafter, input_ids, attention_mask, aux_hidden, trained):
-        with torch.no_grad():
-            teacher_rows, target_choice = teacher(trained[d], 1 + d)
+    for d, out in depth_states(drafter, input_ids, aux_hidden, rows, cfg.num_depths):
+        anchors = rows[f"anchors.{d}"]  # (m,) flat anchor positions
+        states = out[rows["scored"]] if d == 0 else out
+        with torch.no_grad():  # the target after position a + d + 1 (token a + d + 2)
+            teacher_rows, target_choice = teacher(anchors + 1 + d)
             in_vocab = drafter.t2d[target_choice]
-        scored = trained[d].flatten()[rows]
-        scored[scored.clone()] = in_vocab
-        logp = torch.log_softmax(drafter.head(out[scored]).float(), dim=-1)
-        flat = trained[d].flatten().nonzero().squeeze(1)
-        depth_loss = losses.add(d, logp, teacher_rows[in_vocab], in_vocab.sum().clamp_min(1),
-                                flat=flat[in_vocab], missed=flat[~in_vocab])
-        hits = draft_ids[logp.argmax(-1)] == target_choice[in_vocab]
+        logp = torch.log_softmax(drafter.head(states).float(), dim=-1)
+        depth_loss = losses.add_rows(d, logp, teacher_rows, in_vocab, anchors,
+                                     missed=~in_vocab)
+        hits = in_vocab & (draft_ids[logp.argmax(-1)] == target_choice)
         metrics[f"loss_{d}"] = depth_loss
-        metrics[f"acc_{d}"] = hits.sum().float() / trained[d].sum().clamp_min(1)
+        metrics[f"acc_{d}"] = hits.sum().float() / max(anchors.shape[0], 1)
     return losses.total(), metrics
 
 
-def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 aux_hidden: list[torch.Tensor], anchors: list[torch.Tensor]
-                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, aux_hidden: list[torch.Tensor],
+                 rows: dict[str, torch.Tensor], depths: int
+                 ) -> Iterator[tuple[int, torch.Tensor]]:
     """The training forward, one depth at a time, on packed rows (EAGLE-3's `step_rows`).
 
-    Depth 0 runs every real token and every depth-0 anchor (the keys later depths read); depth
-    d > 0 runs its anchors alone, each at position anchor + d with the mask token and feature.
+    Depth 0 runs `rows["packed"]` (every real token and every depth-0 anchor: the keys later
+    depths read); depth d > 0 runs its anchors `rows["anchors.{d}"]` alone, each at position
+    anchor + d with the mask token and feature.
 
     Args:
-        input_ids, attention_mask: (B, T), right-padded.
+        input_ids: (B, T), right-padded.
         aux_hidden: three (B, T, H) target layer outputs.
-        anchors: (B, T) bool per depth, each set holding the next (`cod_anchors`).
+        rows: a COD draw's rows (`cod_rows`).
+        depths: the depths to run (<= the draw's).
 
     Yields:
-        (depth, flat (B * T) positions of its rows (m,) ascending, their states (m, H)).
+        (depth, the states of its rows (m, H), in the order of its rows).
     """
     b, t = input_ids.shape
-    rows = ttt_rows(attention_mask, anchors)[0].flatten().nonzero().squeeze(1)
-    hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m, H)
-    tokens = shift_left(input_ids, 1).flatten()[rows]
+    flat = rows["packed"]
+    hidden = drafter.fuse([aux.flatten(0, 1)[flat] for aux in aux_hidden])  # (m, H)
+    tokens = shift_left(input_ids, 1).flatten()[flat]
     cache: list[KV] = []
-    for d in range(len(anchors)):
+    for d in range(depths):
         if d > 0:
-            rows = anchors[d].flatten().nonzero().squeeze(1)
-            tokens = input_ids.new_full(rows.shape, drafter.config.mask_token_id)
-            hidden = drafter.mask_feature().expand(rows.shape[0], -1)
-        out, kv = drafter.step_rows(tokens, hidden, rows % t + d, rows, (b, t), cache)
+            flat = rows[f"anchors.{d}"]
+            tokens = input_ids.new_full(flat.shape, drafter.config.mask_token_id)
+            hidden = drafter.mask_feature().expand(flat.shape[0], -1)
+        out, kv = drafter.step_rows(tokens, hidden, flat % t + d, flat, (b, t), cache)
         cache = [*cache, kv]
-        yield d, rows, out
+        yield d, out

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from draftsmith.models.features import NEXT_TRAINED_KEY
+from draftsmith.models.features import KIND_ROWS, NEXT_TRAINED_KEY
 from draftsmith.models.layers import next_trained_rows
 
 POOL_BATCHES = 64  # a pool holds this many batches' worth of sequences (padding vs. mixing)
@@ -83,12 +83,24 @@ def padding_share(lengths: Sequence[int], batches: list[list[int]]) -> float:
     return 1 - real / padded if padded else 0.0
 
 
-def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
+def collate_rows_of(recipe) -> Callable[..., dict[str, torch.Tensor]] | None:
+    """The kind's rows drawn in the collate (registry `collate_rows`: P-EAGLE's COD draw) bound
+    to its drafter config and the run's seed, or None for a kind without them."""
+    from draftsmith.registry import get_spec
+
+    rows = get_spec(recipe.kind).collate_rows
+    return None if rows is None else functools.partial(rows, recipe.drafter_config,
+                                                       recipe.train.seed)
+
+
+def collate(batch: list[dict], max_length: int, rows: Callable | None = None
+            ) -> dict[str, torch.Tensor]:
     """Right-pad `input_ids` / `loss_mask` (and cached `hidden_states.i` rows, (T, H) each, their
     float8 row scales `hidden_states.i.scale`, (T,), and the cache's `target_argmax`, (T,)) to
     the longest sequence, capped at max_length; `NEXT_TRAINED_KEY` holds the flat positions whose
     next token is trained, counted here on the host so the step gathers its rows without a
-    device read (`models/layers.next_trained_rows`)."""
+    device read (`models/layers.next_trained_rows`); `rows` (`collate_rows_of`) adds a kind's own
+    (`KIND_ROWS` keys)."""
     length = min(max(len(e["input_ids"]) for e in batch), max_length)
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     loss_mask = torch.zeros(len(batch), length, dtype=torch.long)
@@ -109,6 +121,8 @@ def collate(batch: list[dict], max_length: int) -> dict[str, torch.Tensor]:
             n = min(len(example["target_argmax"]), length)
             choice[row, :n] = example["target_argmax"][:n].long()
         hidden["target_argmax"] = choice
+    if rows is not None:
+        hidden.update({KIND_ROWS + k: v for k, v in rows(ids, attention, loss_mask).items()})
     return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attention,
             NEXT_TRAINED_KEY: next_trained_rows(loss_mask), **hidden}
 
@@ -125,13 +139,14 @@ class ExampleBatches:
         DraftsmithError: fewer training sequences than one global batch.
     """
 
-    def __init__(self, examples: list[dict], cfg, accelerator):
+    def __init__(self, examples: list[dict], cfg, accelerator, rows: Callable | None = None):
         from torch.utils.data import DataLoader
 
         from draftsmith.errors import DraftsmithError
         from draftsmith.train.resume import examples_record
 
         self.cfg, self.accelerator = cfg, accelerator
+        self.collate = functools.partial(collate, max_length=cfg.max_length, rows=rows)
         self.record = examples_record(examples)
         self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed,
                                                   cfg.eval_max_samples)
@@ -146,7 +161,7 @@ class ExampleBatches:
         # global RNG, so an evaluation or a resume mid-epoch would shift the training noise.
         self.eval_loader = accelerator.prepare(DataLoader(
             eval_set, batch_size=cfg.batch_size, generator=torch.Generator(),
-            collate_fn=functools.partial(collate, max_length=cfg.max_length)))
+            collate_fn=self.collate))
 
     def _plan(self, epoch: int) -> list[list[int]]:
         """This process's batches of `epoch` (indices into the training set)."""
@@ -165,7 +180,7 @@ class ExampleBatches:
         from torch.utils.data import DataLoader
 
         return DataLoader(rows, batch_sampler=plan, num_workers=workers,
-                          collate_fn=functools.partial(collate, max_length=self.cfg.max_length),
+                          collate_fn=self.collate,
                           pin_memory=torch.cuda.is_available(),
                           prefetch_factor=2 if workers else None, generator=torch.Generator())
 

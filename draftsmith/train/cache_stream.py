@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -60,6 +60,7 @@ class CacheStream:
         max_held: at most this many held out, the first in data order (None = no cap).
         rank, world_size: this process among all.
         window: shards shuffled together; host memory holds at most this many mapped shards.
+        rows: a kind's rows drawn by the collate (`batching.collate_rows_of`), or None.
 
     Raises:
         DraftsmithError: fewer shards than processes, or too few samples for a batch per rank.
@@ -68,8 +69,9 @@ class CacheStream:
     def __init__(self, cache: FeatureCache, keys: list[str], extras: tuple[str, ...], *,
                  batch_size: int, max_length: int, seed: int, eval_fraction: float, rank: int,
                  world_size: int, window: int, max_held: int | None = None,
-                 batching: str = "tokens", batch_tokens: int | None = None):
-        self.cache, self.keys, self.extras = cache, keys, extras
+                 batching: str = "tokens", batch_tokens: int | None = None,
+                 rows: Callable | None = None):
+        self.cache, self.keys, self.extras, self.rows = cache, keys, extras, rows
         self.batching, self.token_budget = batching, batch_tokens or batch_size * max_length
         self.batch_size, self.max_length, self.seed = batch_size, max_length, seed
         self.rank, self.world_size, self.window = rank, world_size, window
@@ -175,7 +177,7 @@ class CacheStream:
                         opened = w
                     samples.append(readers[k].sample(shards[w + k].train[i],
                                                      dequantize=not float8))
-                yield collate(samples, self.max_length)
+                yield collate(samples, self.max_length, self.rows)
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's share of the held-out samples (every W-th), in data order: the same
@@ -192,10 +194,10 @@ class CacheStream:
             for sample in self._read([shard], [(0, i) for i in mine]):
                 pending.append(sample)
                 if len(pending) == self.batch_size:
-                    yield collate(pending, self.max_length)
+                    yield collate(pending, self.max_length, self.rows)
                     pending = []
         if pending:
-            yield collate(pending, self.max_length)
+            yield collate(pending, self.max_length, self.rows)
 
     def fingerprint(self) -> dict:
         """What a checkpoint records about the data: the cache's inputs and shards, and the

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.models.features import NEXT_TRAINED_KEY, cached_features, target_features
+from draftsmith.models.features import (
+    NEXT_TRAINED_KEY,
+    cached_features,
+    kind_rows_of,
+    target_features,
+)
 from draftsmith.train.joint import medusa2_loss
 
 
@@ -41,7 +46,8 @@ def batch_features(target, batch: dict, aux_layers: list[int]):
     if f"hidden_states.{num_layers}" in batch:  # offline: read from the feature cache
         return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)
     return target_features(target, batch["input_ids"], batch["attention_mask"],
-                           batch["loss_mask"], aux_layers, batch.get(NEXT_TRAINED_KEY))
+                           batch["loss_mask"], aux_layers, batch.get(NEXT_TRAINED_KEY),
+                           kind_rows_of(batch))
 
 
 def init_from_first_batch(drafter, target, data, aux_layers: list[int], accelerator) -> None:

@@ -144,6 +144,7 @@ def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStre
     from draftsmith.data.identity import TargetIdentity
     from draftsmith.models.features import hidden_key
     from draftsmith.registry import get_spec
+    from draftsmith.train.batching import collate_rows_of
     from draftsmith.train.cache_stream import CacheStream
 
     if not recipe.data.get("cache"):
@@ -169,7 +170,8 @@ def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStre
                        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,
                        eval_fraction=cfg.eval_fraction, rank=rank, world_size=world_size,
                        window=cfg.cache_window, max_held=cfg.eval_max_samples,
-                       batching=cfg.batching, batch_tokens=cfg.token_budget)
+                       batching=cfg.batching, batch_tokens=cfg.token_budget,
+                       rows=collate_rows_of(recipe))
 
 
 def check_draft_vocab_source(recipe: Recipe, vocab_size: int) -> None:

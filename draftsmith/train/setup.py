@@ -12,7 +12,7 @@ import torch
 from draftsmith.draft_vocab.drafter import install_draft_vocab
 from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.registry import DrafterSpec, get_spec
-from draftsmith.train.batching import ExampleBatches
+from draftsmith.train.batching import ExampleBatches, collate_rows_of
 from draftsmith.train.budget import StepSchedule
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.joint import wrap_with_lora
@@ -67,7 +67,7 @@ def build_training(recipe: Recipe, examples, target, accelerator, draft_vocab) -
     if holds_whole(target):  # a sharded or partly loaded target is already on its device
         target.to(accelerator.device)
     data = examples if isinstance(examples, CacheStream) else \
-        ExampleBatches(examples, cfg, accelerator)
+        ExampleBatches(examples, cfg, accelerator, collate_rows_of(recipe))
     record = run_record(recipe, target, data.fingerprint(), accelerator.num_processes)
     drafter = spec.build(target.config, drafter_config)
     if spec.uses_draft_vocab:

@@ -1,18 +1,21 @@
 """P-EAGLE's module and loss: its parts beside EAGLE-3's, the mask token, COD sampling's counts and
-nesting, the one-forward decode step against the training forward position by position, and the
-loss finite, with gradients into every trained part, falling on a tiny overfit."""
+nesting, the collate's draw (the same for the same batch, so a resumed run draws alike) and the
+loss reading it, the one-forward decode step against the training forward position by position,
+and the loss finite, with gradients into every trained part, falling on a tiny overfit."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.features import target_features
-from draftsmith.models.peagle import cod_anchors, depth_states, peagle_loss
+from draftsmith.models.features import kind_rows_of, target_features
+from draftsmith.models.peagle import cod_anchors, cod_rows, depth_states, peagle_loss
 from draftsmith.registry import get_spec
+from draftsmith.train.batching import collate
 from tests.helpers.tiny_targets import tiny_target
 
 SPEC = get_spec("peagle")
@@ -75,6 +78,34 @@ def test_cod_sampling_keeps_the_peers_counts_nested_in_trained_positions():
     assert any(not torch.equal(x, y) for x, y in zip(chosen[1:], again[1:], strict=True))
 
 
+def test_the_collate_draws_the_cod_rows_per_batch_and_the_loss_reads_them():
+    target = tiny_target("llama")
+    module = build(target, num_depths=3)
+    examples = [{"input_ids": list(range(2, 30)), "loss_mask": [0] * 6 + [1] * 22},
+                {"input_ids": list(range(5, 20)), "loss_mask": [0] * 4 + [1] * 11}]
+    draw = functools.partial(SPEC.collate_rows, module.config, 7)
+    batch = collate(examples, 64, draw)
+    rows = kind_rows_of(batch)
+    assert set(rows) == {"packed", "scored", "anchors.0", "anchors.1", "anchors.2"}
+    # the same batch draws the same rows (a resumed run), another seed others
+    assert all(torch.equal(rows[k], kind_rows_of(collate(examples, 64, draw))[k]) for k in rows)
+    other = kind_rows_of(collate(examples, 64, functools.partial(SPEC.collate_rows,
+                                                                 module.config, 8)))
+    assert any(not torch.equal(rows[k], other[k]) for k in ("anchors.1", "anchors.2"))
+    # nested, ascending, depth 0's anchors found inside the packed rows
+    assert torch.equal(rows["packed"][rows["scored"]], rows["anchors.0"])
+    for d in (1, 2):
+        assert set(rows[f"anchors.{d}"].tolist()) <= set(rows[f"anchors.{d - 1}"].tolist())
+        assert torch.equal(rows[f"anchors.{d}"], rows[f"anchors.{d}"].sort().values)
+    layers = SPEC.aux_layers(target.config.num_hidden_layers, module.config)
+    feats = target_features(target, batch["input_ids"], batch["attention_mask"],
+                            batch["loss_mask"], layers, kind_rows=rows)
+    loss, _ = SPEC.loss(module, feats)
+    again, _ = peagle_loss(module, batch["input_ids"], batch["attention_mask"],
+                           batch["loss_mask"], feats.aux_hidden, feats, rows)
+    assert torch.isfinite(loss) and torch.equal(loss, again)
+
+
 @pytest.mark.parametrize("family, settings", [("llama", {}), ("qwen2", {"fc_norm": True,
                                                                          "norm_output": True})])
 def test_one_decode_forward_equals_the_training_forward_at_every_depth(family, settings):
@@ -87,8 +118,8 @@ def test_one_decode_forward_equals_the_training_forward_at_every_depth(family, s
     t, depths = sequence.shape[1], module.proposals
     everything = [torch.ones(1, t, dtype=torch.bool)] * depths
     with torch.no_grad():
-        trained = {d: out for d, _, out in depth_states(module, sequence, torch.ones_like(sequence),
-                                                        feats.aux_hidden, everything)}
+        rows = cod_rows(torch.ones_like(sequence), everything)
+        trained = dict(depth_states(module, sequence, feats.aux_hidden, rows, depths))
         fused = module.fuse(feats.aux_hidden)[0]
         tokens = torch.cat([sequence[0, 1:], sequence.new_zeros(1)])
         _, past = module.draft_parallel(tokens[:6], fused[:6], torch.arange(6), None, 1)

@@ -9,8 +9,9 @@ little, which is why the count is held here rather than timed.
 
 The target's forward (`target_features`) runs before counting: it is the target's, not the
 drafter's; so does the count of the trained positions, which the collate makes on the host
-before the batch reaches the device (`NEXT_TRAINED_KEY`). The training loop's own reads are
-counted by the loop's tests.
+before the batch reaches the device (`NEXT_TRAINED_KEY`), and a kind's own rows whose sizes
+depend on the data (P-EAGLE's COD draw, registry `collate_rows`). The training loop's own reads
+are counted by the loop's tests.
 """
 
 from __future__ import annotations
@@ -38,12 +39,9 @@ INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
 # drafters (DFlash, DSpark) draw anchors whose count is the most trained positions of a row
 # (block_loss.draw_anchors: 1 read), cut each attention chunk at its furthest anchor
 # (block_layers: 1 read per chunk, 2 here), and pick the trained proposals of the drawn blocks
-# by boolean indexing (their states, labels, teacher rows and hits, and Features' trained rows
-# that `logits_at` serves: 5 selections, 2 boolean writes and the backward's index_put: 8).
-HELD = {"dflash": 11, "dspark": 11}
-# P-EAGLE (models/peagle.py) still runs EAGLE-3's former packed rows, selected with nonzero;
-# strict, so the test says when its reads are gone and this entry must go.
-PENDING = {"peagle": "models/peagle.py selects its COD rows with nonzero and boolean indexing"}
+# by boolean indexing (their states, labels, teacher rows and hits: 4 selections, 2 boolean
+# writes and the backward's index_put: 7).
+HELD = {"dflash": 10, "dspark": 10}
 
 
 def _boolean_index(args) -> bool:
@@ -76,15 +74,12 @@ def _batch(seed=0, b=2, t=24):
 
 
 def _cases():
-    pending = [pytest.param(kind, small_settings(kind), id=kind,
-                            marks=pytest.mark.xfail(reason=why, strict=True))
-               for kind, why in PENDING.items()]
-    extra = [*pending,pytest.param("eagle3", {**small_settings("eagle3"), "position_weights": "dpace",
+    extra = [pytest.param("eagle3", {**small_settings("eagle3"), "position_weights": "dpace",
                                      "loss": {"ce": 0.2, "lk": 0.8}}, id="eagle3-dpace-mixed"),
              pytest.param("mtp", {**small_settings("mtp"), "labels": "data"}, id="mtp-data"),
              pytest.param("medusa", {**small_settings("medusa"), "position_weights": "dpace"},
                           id="medusa-dpace")]
-    return [case for case in training_cases() if case.values[0] not in PENDING] + extra
+    return [*training_cases(), *extra]
 
 
 def _with_cached_argmax():
@@ -110,9 +105,12 @@ def test_a_drafter_step_reads_nothing_from_the_host(kind, settings, cached_argma
     drafter.init_from_target(target)
     input_ids, attention_mask, loss_mask = _batch()
     # the trained positions as the collate counts them, on the host (train/batching.py)
+    # and a kind's own rows as its collate draws them (P-EAGLE's COD draw)
+    rows = spec.collate_rows(config, 0, input_ids, attention_mask, loss_mask) \
+        if spec.collate_rows else None
     features = target_features(target, input_ids, attention_mask, loss_mask,
                                spec.aux_layers(target.config.num_hidden_layers, config),
-                               next_trained_rows(loss_mask))
+                               next_trained_rows(loss_mask), rows)
     if cached_argmax:  # the offline cache's stored choice (data/cache.py)
         features.target_argmax = features.target_logits.argmax(-1)
         del features.__dict__["target_logits"]
