@@ -205,6 +205,9 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
 
         rows = {key: batch[key] for key in ("next_trained",)  # the collate's, where it counts
                 if key in Features.__dataclass_fields__}
+        if getattr(spec, "collate_rows", None):  # a kind's own rows, drawn where the collate does
+            rows["kind_rows"] = spec.collate_rows(settings, 0, batch["input_ids"],
+                                                  batch["attention_mask"], batch["loss_mask"])
         return Features(batch["input_ids"], batch["attention_mask"], batch["loss_mask"],
                         hidden(), [hidden() for _ in layers], head,
                         target_argmax=batch["target_argmax"], **rows)
@@ -307,6 +310,8 @@ def main() -> None:
         raise SystemExit("--before and --out are required")
     import torch
 
+    from draftsmith.target.precision import describe_hardware, hardware_record
+
     batches_path = args.out.resolve().with_suffix(".batches.pt")
     torch.save({"batches": batches, "draft_vocab": draft_vocab(args.data)}, batches_path)
     commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
@@ -318,8 +323,7 @@ def main() -> None:
               "tokens": batch_tokens(batches), "target_shape": SHAPE,
               "settings": {kind: recipe_settings(kind) for kind in args.kinds},
               "steps": args.steps, "commits": commits,
-              "hardware": "AMD EPYC Zen 4 (avx512_bf16, no AMX), 2 cores, torch CPU",
-              "rows": []}
+              "hardware": describe_hardware(hardware_record("cpu")), "rows": []}
     arms = [("before", args.before.resolve()), ("after", args.after.resolve())]
     for dtype in args.dtypes:
         for i, kind in enumerate(args.kinds):  # A/B, then B/A: drift falls on both arms
