@@ -25,7 +25,13 @@ from draftsmith.models.contracts import DrafterModule
 from draftsmith.models.dflash import DFlashConfig, DFlashDrafter, dflash_layer_ids
 from draftsmith.models.dspark import DSparkConfig, DSparkDrafter, dspark_loss
 from draftsmith.models.eagle1 import Eagle1Config, Eagle1Drafter, eagle1_loss
-from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_layer_ids, eagle3_loss
+from draftsmith.models.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    collate_ttt_rows,
+    eagle3_layer_ids,
+    eagle3_loss,
+)
 from draftsmith.models.features import Features, hidden_indices
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
@@ -78,9 +84,10 @@ class DrafterSpec:
         target_fields: the target config fields its module reads when built (a target whose
             config lacks one, GPT-2's intermediate_size, is refused by `check_target`).
         collate_rows: (config, seed, input_ids, attention_mask, loss_mask) -> named index
-            tensors its loss needs whose sizes depend on the data (P-EAGLE's COD draw): drawn by
-            the training collate on the host, so the step reads none from the device; reaches
-            the loss as `Features.kind_rows`. A module-level function (loader workers pickle it).
+            tensors its loss needs whose sizes depend on the data (EAGLE-3's packed TTT rows,
+            P-EAGLE's COD draw): made by the training collate on the host, so the step reads
+            none from the device; they reach the loss as `Features.kind_rows`. A module-level
+            function (loader workers pickle it).
     """
 
     kind: str
@@ -212,7 +219,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle3Drafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.aux_hidden, f),
+                                          f.aux_hidden, f, f.kind_rows or None),
+            collate_rows=collate_ttt_rows,
             proposer="feature",
             tree_shapes=("dynamic", "chain", "static"),
             frozen_prefixes=("embed_tokens.",),

@@ -21,6 +21,7 @@ from draftsmith.models.layers import (
     Rotary,
     TargetLogits,
     drafter_layer_config,
+    next_trained_rows,
     shift_left,
 )
 from draftsmith.models.losses import (
@@ -284,9 +285,51 @@ def ttt_rows(attention_mask: torch.Tensor, valid: list[torch.Tensor]) -> list[to
     return [attention_mask.bool() | valid[0], *reversed(needed)]
 
 
+def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: int
+                 ) -> dict[str, torch.Tensor]:
+    """The rows each training-time-test step computes and trains, as flat (B * T) positions and
+    indices between them (counted where the masks live: the collate runs this on the host, so the
+    step reads none from the device).
+
+    Per step j: `rows.{j}`, the positions it computes (`ttt_rows`: every real token at step 0,
+    then the positions trained at j or later), ascending; `keep.{j}` (j > 0), where they sit among
+    step j-1's rows; `source.{j}`, the positions whose step-j label is trained (position i, label
+    token i + j + 2); `head.{j}`, where those sit among `rows.{j}`; `label.{j}`, where their label
+    positions i + 1 + j sit among `next_trained_rows(loss_mask)` (the target's trained rows).
+
+    Args:
+        attention_mask, loss_mask: (B, T), right-padded.
+        steps: TTT steps.
+    """
+    t = loss_mask.shape[1]
+    index = torch.arange(t, device=loss_mask.device)[None]
+    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+    trained = next_trained_rows(loss_mask)
+    plan: dict[str, torch.Tensor] = {}
+    previous = None
+    for j, needed in enumerate(ttt_rows(attention_mask, valid)):
+        rows = needed.flatten().nonzero().squeeze(1)
+        sources = valid[j].flatten().nonzero().squeeze(1)
+        plan[f"rows.{j}"], plan[f"source.{j}"] = rows, sources
+        if previous is not None:
+            plan[f"keep.{j}"] = torch.searchsorted(previous, rows)
+        plan[f"head.{j}"] = torch.searchsorted(rows, sources)
+        plan[f"label.{j}"] = torch.searchsorted(trained, sources + 1 + j)
+        previous = rows
+    return plan
+
+
+def collate_ttt_rows(config: Eagle3Config, seed: int, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor, loss_mask: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """A batch's `ttt_row_plan`, made by the training collate on the host (registry
+    `collate_rows`; nothing is drawn, so `seed` and the tokens are unused)."""
+    return ttt_row_plan(attention_mask, loss_mask, config.ttt_steps)
+
+
 def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
-                target_logits_after: TargetLogits
+                target_logits_after: TargetLogits, plan: dict[str, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Training-time-test loss of EAGLE-3.
 
@@ -296,16 +339,18 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     draft vocabulary. Total = sum_j w_j * mean loss_j: soft cross-entropy and w_j = step_weight^j
     by default (`loss`, `position_weights`: see models/losses.py).
 
-    Every step's decoder layer runs on the whole (B, T) batch; its head and loss run on the m
-    rows it trains, gathered at the trained positions the collate counted on the host
-    (`trained_positions`: position p, whose next token is trained, is step j's label source for
-    the row at p - 1 - j), and the target's logits are read at those m positions once for every
-    step. Counts stay tensors: nothing waits on the host.
+    Work is spent only where it is used: the decoder layer's row-wise parts run on every real
+    token at step 0 and on the positions trained at that step or later afterwards (`ttt_rows`),
+    only attention in the padded (B, T) layout; the heads run on the rows each step trains, and
+    the target's logits are read once for every step at the positions the collate counted
+    (`trained_positions`). Every row is gathered by index from `plan`: with the collate's,
+    nothing waits on the host. The loss is that of running every step on the whole batch.
 
     Args:
         input_ids, attention_mask, loss_mask: (B, T), right-padded.
         aux_hidden: three (B, T, H) target layer outputs.
         target_logits_after: the target's logits (see layers.TargetLogits).
+        plan: the collate's `ttt_row_plan`; None = counted here (host reads on a GPU).
 
     Returns:
         (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target over every trained
@@ -315,14 +360,15 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     """
     cfg = drafter.config
     b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+    if plan is None:
+        plan = ttt_row_plan(attention_mask, loss_mask, cfg.ttt_steps)
     draft_ids = drafter.draft_ids()
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p
-    column = trained % t
     with torch.no_grad():  # after each trained position: (m, Vd), (m,)
         teacher, choice = target_logits_after.restricted_every_at(draft_ids, trained)
         in_vocab = drafter.t2d[choice]
-    hidden = drafter.fuse(aux_hidden)  # (B, T, H)
+    rows = plan["rows.0"]
+    hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m0, H)
     cache: list[KV] = []
     weights = [cfg.step_weight ** j for j in range(cfg.ttt_steps)] \
         if cfg.position_weights == "geometric" else decay_weights(cfg.ttt_steps, cfg.decay_gamma)
@@ -330,14 +376,17 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
                             hidden.device)
     metrics: dict[str, torch.Tensor] = {}
     for j in range(cfg.ttt_steps):
-        hidden, kv = drafter.step_ttt(shift_left(input_ids, 1 + j), hidden, positions + j, cache)
+        if j > 0:  # this step computes a subset of the last one's rows
+            rows, hidden = plan[f"rows.{j}"], hidden[plan[f"keep.{j}"]]
+        tokens = shift_left(input_ids, 1 + j).flatten()[rows]
+        hidden, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), cache)
         cache = [*cache, kv]
-        valid = column > j  # the row p - 1 - j lies in p's sequence
-        rows = (trained - 1 - j).clamp_min(0)
-        scored = valid & in_vocab
-        logp = torch.log_softmax(wide(drafter.head(hidden.flatten(0, 1)[rows])), dim=-1)
-        step_loss = losses.add_rows(j, logp, teacher, scored, rows, missed=valid & ~in_vocab)
-        hits = scored & (draft_ids[logp.argmax(-1)] == choice)
+        label = plan[f"label.{j}"]
+        scored = in_vocab[label]
+        logp = torch.log_softmax(wide(drafter.head(hidden[plan[f"head.{j}"]])), dim=-1)
+        step_loss = losses.add_rows(j, logp, teacher[label], scored, plan[f"source.{j}"],
+                                    missed=~scored)
+        hits = scored & (draft_ids[logp.argmax(-1)] == choice[label])
         metrics[f"loss_{j}"] = step_loss
-        metrics[f"acc_{j}"] = hits.sum().float() / valid.sum().clamp_min(1)
+        metrics[f"acc_{j}"] = hits.sum().float() / max(label.shape[0], 1)
     return losses.total(), metrics

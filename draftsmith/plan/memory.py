@@ -13,13 +13,14 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   target's logits over the draft vocabulary after the trained positions live through the step
   (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
-  every position (step 0's keys need them all), the keys/values of every step so far
-  concatenated to (j+1)T, the attention kernel's saved tensors, and the draft head's float32
-  log-probabilities and teacher probabilities on the trained rows (the collate's
-  `next_trained`, gathered without a host count).
+  its rows (every real token at step 0, whose keys later steps read; then the positions trained
+  at step j or later: the collate's `ttt_row_plan`), the keys/values of every step so far
+  concatenated to (j+1)T in the padded layout, the attention kernel's saved tensors, and the
+  draft head's float32 log-probabilities and teacher probabilities on the rows it trains.
 
-The teacher logits and the head's rows are sized here at every position: an upper bound, reached
-when every token of the batch is trained (on chat data about 60-75% are).
+The decoder layer's and the heads' rows and the teacher logits are sized here at every position:
+an upper bound, reached when every token of the batch is real and trained (on chat data about
+60-75% of the real tokens are trained).
 
 Attention: the training-time test attends through `models/ttt_attention.py` (causal SDPA without
 a mask plus the diagonal blocks, merged by a sink key), which the fused kernels take on every
@@ -173,7 +174,7 @@ def step_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
     """What the drafter's forward keeps for backward, summed over the TTT steps, and the largest
     temporary on top of it."""
     tokens = cfg.batch * cfg.length
-    rows = [tokens] * s.ttt_steps  # every position of every step (masks select the trained)
+    rows = [tokens] * s.ttt_steps  # every position of every step: an upper bound
     layer = [r * layer_row_bytes(s, cfg) for r in rows]
     attention = [attention_step_bytes(s, cfg, j) for j in range(s.ttt_steps)]
     head = tokens * head_row_bytes(s, cfg)
