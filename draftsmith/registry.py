@@ -12,6 +12,7 @@ EAGLE-2 is not a kind: it is an EAGLE-1 drafter decoded with a dynamic tree.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from draftsmith.config_values import build_dataclass
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.block_loss import dflash_loss
+from draftsmith.models.block_loss import collate_block_rows, dflash_loss
 from draftsmith.models.contracts import DrafterModule
 from draftsmith.models.dflash import DFlashConfig, DFlashDrafter, dflash_layer_ids
 from draftsmith.models.dspark import DSparkConfig, DSparkDrafter, dspark_loss
@@ -271,6 +272,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=DFlashDrafter,
             aux_layers=block_aux_layers,
             loss=dflash_loss,
+            collate_rows=collate_block_rows,
             proposer="block",
             tree_shapes=("chain", "dynamic"),
             drafts_in_one_forward=True,
@@ -291,6 +293,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=DSparkDrafter,
             aux_layers=block_aux_layers,
             loss=dspark_loss,
+            collate_rows=functools.partial(collate_block_rows, label_shift=1),
             proposer="block",
             tree_shapes=("chain", "dynamic"),
             drafts_in_one_forward=True,

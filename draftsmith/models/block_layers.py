@@ -136,7 +136,8 @@ class BlockDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def train_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: KV,
-                     anchors: torch.Tensor, block_size: int, recompute: bool) -> torch.Tensor:
+                     anchors: torch.Tensor, block_size: int, recompute: bool,
+                     reach: tuple[int, ...] | None = None) -> torch.Tensor:
         """Many blocks per sequence at training time.
 
         Block j of sequence b (its B rows at h[b, j*B:(j+1)*B]) sees the context keys at
@@ -153,6 +154,8 @@ class BlockDecoderLayer(nn.Module):
             anchors: (Bt, N) sorted anchor positions (padding anchors may repeat any position).
             block_size: B.
             recompute: checkpoint each chunk (training with gradients).
+            reach: per block column the furthest anchor of any row, counted on the host; None =
+                each chunk reads its furthest anchor from `anchors` (a host read on a GPU).
         """
         x = self.input_layernorm(h)
         attn = self.self_attn
@@ -164,8 +167,10 @@ class BlockDecoderLayer(nn.Module):
         outputs = []
         for first in range(0, n_blocks, chunk):
             rows = slice(first * block_size, min(first + chunk, n_blocks) * block_size)
-            args = (q[:, :, rows], k[:, :, rows], v[:, :, rows], *context,
-                    anchors[:, first:first + chunk])
+            last = min(first + chunk, n_blocks)
+            cut = int(anchors[:, first:last].max()) if reach is None else reach[last - 1]
+            args = (q[:, :, rows], k[:, :, rows], v[:, :, rows], context[0][:, :, :cut],
+                    context[1][:, :, :cut], anchors[:, first:last])
             if recompute:
                 outputs.append(checkpoint(self._attend_chunk, *args, use_reentrant=False))
             else:
@@ -175,15 +180,15 @@ class BlockDecoderLayer(nn.Module):
 
     def _attend_chunk(self, q, k, v, context_k, context_v, anchors):
         """Attention of a chunk of c blocks: q (Bt, nh, c*B, hd), the blocks' keys and values
-        (Bt, nkv, c*B, hd), the context's (Bt, nkv, S, hd), anchors (Bt, c). Context keys past
-        the chunk's last anchor are cut off; each row's scores are [its visible context keys,
-        its own block's B keys], softmaxed together in float32. Returns (Bt, nh, c*B, hd)."""
+        (Bt, nkv, c*B, hd), the context's up to the chunk's furthest anchor (Bt, nkv, reach, hd)
+        (no block of the chunk sees further), anchors (Bt, c). Each row's scores are [its visible
+        context keys, its own block's B keys], softmaxed together in float32. Returns
+        (Bt, nh, c*B, hd)."""
         attn = self.self_attn
         bt, nh, rows, hd = q.shape
         nkv, c = attn.num_kv_heads, anchors.shape[1]
         block = rows // c
-        reach = int(anchors.max())  # anchors are sorted: no block of the chunk sees further
-        context_k, context_v = context_k[:, :, :reach], context_v[:, :, :reach]
+        reach = context_k.shape[2]
         q = q.reshape(bt, nkv, nh // nkv, rows, hd) * hd ** -0.5
         scores_context = torch.einsum("bkgrd,bksd->bkgrs", q, context_k).float()
         hidden = torch.arange(reach, device=q.device)[None, :] >= \

@@ -36,25 +36,63 @@ def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: i
     return torch.where(ok, anchors, fallback), ok
 
 
-def block_labels(drafter: DFlashDrafter, features, anchors: torch.Tensor, valid: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The label position of each proposal and which proposals are trained.
-
-    Proposal k (0-based) of a block at anchor a predicts the token at a + 1 + k; it is trained
-    when the anchor is valid, that position is inside the sequence and every label position of the
-    block up to it is in the loss mask (a contiguous prefix, as acceptance is).
-
-    Returns:
-        (positions (Bt, N, P) long, trained (Bt, N, P) bool) with P = proposals per block.
-    """
-    s = features.input_ids.shape[1]
-    offsets = torch.arange(1, drafter.proposals + 1, device=anchors.device)
-    positions = anchors[..., None] + offsets  # (Bt, N, P)
+def block_trained(loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
+                  proposals: int) -> torch.Tensor:
+    """Which proposals are trained, (Bt, N, P) bool: proposal k (0-based) of a block at anchor a
+    predicts the token at a + 1 + k; it is trained when the anchor is valid, that position is
+    inside the sequence and every label position of the block up to it is in the loss mask (a
+    contiguous prefix, as acceptance is)."""
+    s = loss_mask.shape[1]
+    positions = anchors[..., None] + torch.arange(1, proposals + 1, device=anchors.device)
     inside = positions < s
-    masked = features.loss_mask.gather(1, positions.clamp(max=s - 1).flatten(1)).view(
+    masked = loss_mask.gather(1, positions.clamp(max=s - 1).flatten(1)).view(
         positions.shape) > 0
-    trained = (inside & masked).long().cumprod(-1).bool() & valid[..., None]
-    return positions, trained
+    return (inside & masked).long().cumprod(-1).bool() & valid[..., None]
+
+
+def block_plan(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
+               proposals: int, generator: torch.Generator | None = None) -> dict:
+    """The blocks a batch trains and their rows, counted where the masks live (the collate runs
+    this on the host, so the step reads none from the device): `anchors` (Bt, N) and `trained`
+    (Bt, N, P) as `draw_anchors` and `block_trained` make them, `selected` (m,) the flat
+    (Bt * N * P) index of the trained proposals, and `reach`, per block column the furthest
+    anchor of any row as a tuple of ints (rows are sorted, so a chunk of columns reads the
+    context up to its last column's: no device read to cut it)."""
+    anchors, valid = draw_anchors(loss_mask, attention_mask, count, generator)
+    trained = block_trained(loss_mask, anchors, valid, proposals)
+    return {"anchors": anchors, "trained": trained,
+            "selected": trained.flatten().nonzero().squeeze(1),
+            "reach": tuple(int(a) for a in anchors.amax(0))}
+
+
+def collate_block_rows(config, seed: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       loss_mask: torch.Tensor, label_shift: int = 0) -> dict:
+    """A batch's `block_plan`, made by the training collate on the host (registry
+    `collate_rows`): the anchors drawn with a generator seeded by the batch's tokens and `seed`,
+    so a resumed run draws what the first did. `label_shift`: 0 for DFlash (B-1 proposals a
+    block), 1 for DSpark (B)."""
+    content = int((input_ids * loss_mask).sum()) * 1_000_003 + int(attention_mask.sum())
+    generator = torch.Generator().manual_seed((seed * 7_919 + content) % 2 ** 62)
+    return block_plan(loss_mask, attention_mask, config.anchors_per_sequence,
+                      config.block_size - 1 + label_shift, generator)
+
+
+def training_blocks(drafter: DFlashDrafter, features) -> dict:
+    """The collate's `block_plan` (`features.kind_rows`), or one drawn here (host reads on a
+    GPU: evaluation outside training and tests), evaluation drawing the same blocks every time."""
+    if features.kind_rows:
+        return features.kind_rows
+    generator = None if drafter.training else torch.Generator(
+        features.input_ids.device).manual_seed(0)
+    return block_plan(features.loss_mask, features.attention_mask,
+                      drafter.config.anchors_per_sequence, drafter.proposals, generator)
+
+
+def scatter_trained(values: torch.Tensor, plan: dict) -> torch.Tensor:
+    """(m,) values of the trained proposals -> (Bt, N, P), zero elsewhere (by index)."""
+    trained = plan["trained"]
+    return values.new_zeros(trained.numel()).index_copy(0, plan["selected"], values).view(
+        trained.shape)
 
 
 def position_weights(config, kinds: str, trained: torch.Tensor, label_prob: torch.Tensor
@@ -96,24 +134,22 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
         over the blocks where k is trained.
     """
     cfg = drafter.config
-    generator = None if drafter.training else torch.Generator(
-        features.input_ids.device).manual_seed(0)  # evaluation draws the same blocks every time
-    anchors, valid = draw_anchors(features.loss_mask, features.attention_mask,
-                                  cfg.anchors_per_sequence, generator)
-    positions, trained = block_labels(drafter, features, anchors, valid)
-    hidden = drafter.train_hidden(features, anchors)[:, :, 1 - drafter.label_shift:]
-    rows = hidden[trained]  # (m, H)
+    plan = training_blocks(drafter, features)
+    anchors, trained, selected = plan["anchors"], plan["trained"], plan["selected"]
+    hidden = drafter.train_hidden(features, anchors, plan["reach"])[:, :, 1 - drafter.label_shift:]
+    rows = hidden.flatten(0, 2)[selected]  # (m, H)
     batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
-        trained.shape)[trained]
+        trained.shape).flatten()[selected]
+    labels = (anchors[..., None] + torch.arange(1, trained.shape[-1] + 1,
+                                                device=anchors.device)).flatten()[selected]
     draft_ids = drafter.draft_ids()
     with torch.no_grad():
         if draft_ids is None:
-            teacher = features.logits_at(batch_index, positions[trained] - 1).float()
+            teacher = features.logits_at(batch_index, labels - 1).float()
             choice = teacher.argmax(-1)  # the target's choice
             in_vocab = torch.ones_like(choice, dtype=torch.bool)
         else:  # restricted to the draft vocabulary (Vd head rows), choices as draft ids
-            teacher, choice = features.restricted_at(draft_ids, batch_index,
-                                                     positions[trained] - 1)
+            teacher, choice = features.restricted_at(draft_ids, batch_index, labels - 1)
             teacher = teacher.float()
             in_vocab = drafter.t2d[choice]
             to_draft = torch.zeros_like(drafter.t2d, dtype=torch.long)
@@ -124,14 +160,12 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
         per_row = -(torch.softmax(teacher, -1) * logp).sum(-1)
     else:
         per_row = -logp.gather(1, choice[:, None])[:, 0]
-    label_prob = torch.zeros(trained.shape, device=logp.device)
-    label_prob[trained] = logp.detach().gather(1, choice[:, None])[:, 0].exp() * in_vocab
+    label_prob = scatter_trained(logp.detach().gather(1, choice[:, None])[:, 0].exp() * in_vocab,
+                                 plan)
     weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
-    row_weights = weights[trained] * in_vocab
+    row_weights = weights.flatten()[selected] * in_vocab
     loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
-    hits = torch.zeros(trained.shape, device=logp.device)
-    hits[trained] = ((logp.argmax(-1) == choice) & in_vocab).float()
+    hits = scatter_trained(((logp.argmax(-1) == choice) & in_vocab).float(), plan)
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     return loss, metrics
-

@@ -294,9 +294,11 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         full[..., self.draft_ids()] = logits
         return full
 
-    def train_hidden(self, features, anchors: torch.Tensor) -> torch.Tensor:
+    def train_hidden(self, features, anchors: torch.Tensor,
+                     reach: tuple[int, ...] | None = None) -> torch.Tensor:
         """Every block's normed hidden states at training time: anchors (Bt, N) sorted ->
-        (Bt, N, B, H)."""
+        (Bt, N, B, H). `reach`: per block column the furthest anchor of any row, counted on the
+        host (`block_loss.block_plan`); None = read from `anchors` per attention chunk."""
         context = self.fuse(features.aux_hidden)  # (Bt, S, H)
         bt, s = context.shape[:2]
         device = context.device
@@ -309,5 +311,5 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         for layer in self.layers:
             kv = layer.context_kv(context, cos, sin)
             h = layer.train_blocks(h, block_cos, block_sin, kv, anchors, self.block_size,
-                                   recompute=torch.is_grad_enabled())
+                                   recompute=torch.is_grad_enabled(), reach=reach)
         return self.norm(h).view(bt, anchors.shape[1], self.block_size, -1)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.block_loss import block_labels, draw_anchors, position_weights
+from draftsmith.models.block_loss import position_weights, scatter_trained, training_blocks
 from draftsmith.models.dflash import DFlashConfig, DFlashDrafter
 
 
@@ -112,18 +112,17 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
         Markov bias included) and `confidence_error` (mean |sigmoid(c) - c*|).
     """
     cfg = drafter.config
-    generator = None if drafter.training else torch.Generator(
-        features.input_ids.device).manual_seed(0)
-    anchors, valid = draw_anchors(features.loss_mask, features.attention_mask,
-                                  cfg.anchors_per_sequence, generator)
-    positions, trained = block_labels(drafter, features, anchors, valid)
-    hidden = drafter.train_hidden(features, anchors)  # (Bt, N, B, H): all B rows propose
+    plan = training_blocks(drafter, features)
+    anchors, trained, selected = plan["anchors"], plan["trained"], plan["selected"]
+    hidden = drafter.train_hidden(features, anchors, plan["reach"])  # (Bt, N, B, H): all propose
     bt = anchors.shape[0]
-    batch_index = torch.arange(bt, device=anchors.device)[:, None, None].expand(trained.shape)
-    batch_index, label_positions = batch_index[trained], positions[trained]
+    batch_index = torch.arange(bt, device=anchors.device)[:, None, None].expand(
+        trained.shape).flatten()[selected]
+    label_positions = (anchors[..., None] + torch.arange(1, trained.shape[-1] + 1,
+                                                         device=anchors.device)).flatten()[selected]
     previous = features.input_ids[batch_index, label_positions - 1]  # teacher forcing
     labels = features.input_ids[batch_index, label_positions]
-    logits, confidence = drafter.row_logits(hidden[trained], previous)
+    logits, confidence = drafter.row_logits(hidden.flatten(0, 2)[selected], previous)
     with torch.no_grad():
         teacher = torch.softmax(features.logits_at(batch_index, label_positions - 1).float(), -1)
     logp = torch.log_softmax(logits, -1)
@@ -132,15 +131,13 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
     ce = F.cross_entropy(logits, labels, reduction="none")
     target_confidence = (1 - 0.5 * l1.detach()).clamp(0, 1)
     bce = F.binary_cross_entropy_with_logits(confidence, target_confidence, reduction="none")
-    label_prob = torch.zeros(trained.shape, device=logp.device)
     choice = teacher.argmax(-1)
-    label_prob[trained] = probs.detach().gather(1, choice[:, None])[:, 0]
-    weights = position_weights(cfg, cfg.position_weights, trained, label_prob)[trained]
+    label_prob = scatter_trained(probs.detach().gather(1, choice[:, None])[:, 0], plan)
+    weights = position_weights(cfg, cfg.position_weights, trained, label_prob).flatten()[selected]
     total = weights.sum().clamp_min(1e-9)
     loss = (cfg.ce_weight * (ce * weights).sum() + cfg.l1_weight * (l1 * weights).sum()
             + cfg.confidence_weight * (bce * weights).sum()) / total
-    hits = torch.zeros(trained.shape, device=logp.device)
-    hits[trained] = (logp.argmax(-1) == choice).float()
+    hits = scatter_trained((logp.argmax(-1) == choice).float(), plan)
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     metrics["confidence_error"] = (torch.sigmoid(confidence.detach()) - target_confidence).abs(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.train.loader import to_device
 from draftsmith.train.loss_module import LossModule
 from draftsmith.train.metrics import simulated_tau
 
@@ -20,7 +21,7 @@ def evaluate(model: LossModule, batches, accelerator) -> dict:
     sums: dict[str, float] = {}
     count = 0
     for batch in batches:
-        _, metrics = model({k: v.to(accelerator.device) for k, v in batch.items()})
+        _, metrics = model(to_device(batch, accelerator.device))
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
         count += 1

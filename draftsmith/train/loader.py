@@ -35,7 +35,8 @@ def read_ahead(batches: Iterable[dict], depth: int = 2) -> Iterator[dict]:
     def produce() -> None:
         try:
             for batch in batches:
-                if not offer({k: v.pin_memory() for k, v in batch.items()} if pin else batch):
+                if not offer({k: v.pin_memory() if isinstance(v, torch.Tensor) else v
+                              for k, v in batch.items()} if pin else batch):
                     return
             offer(_DONE)
         except BaseException as err:  # handed to the consumer, raised in its thread
@@ -53,10 +54,12 @@ def read_ahead(batches: Iterable[dict], depth: int = 2) -> Iterator[dict]:
         worker.join()
 
 
-def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+def to_device(batch: dict, device) -> dict:
     """A batch on `device` (non-blocking copies), float8 hidden states with their row scales
-    (`hidden_states.i` and `hidden_states.i.scale`) dequantised to bfloat16 there."""
-    moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    (`hidden_states.i` and `hidden_states.i.scale`) dequantised to bfloat16 there. A value that
+    is not a tensor (a kind's host-side counts, registry `collate_rows`) stays as it is."""
+    moved = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+             for k, v in batch.items()}
     for key in [k for k in moved if scale_key(k) in moved]:
         moved[key] = dequantize_rows(moved[key], moved.pop(scale_key(key)))
     return moved

@@ -13,6 +13,7 @@ from draftsmith.models.features import (
     target_features,
 )
 from draftsmith.train.joint import medusa2_loss
+from draftsmith.train.loader import to_device
 
 
 class LossModule(torch.nn.Module):
@@ -65,7 +66,7 @@ def init_from_first_batch(drafter, target, data, aux_layers: list[int], accelera
     if batch is None:
         return
     with torch.no_grad():
-        features = batch_features(target, {k: v.to(accelerator.device) for k, v in batch.items()},
+        features = batch_features(target, to_device(batch, accelerator.device),
                                   aux_layers)
         drafter.init_from_data(features, (lambda t: accelerator.reduce(t, "sum")) if many
                                else None)

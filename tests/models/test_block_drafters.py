@@ -202,12 +202,13 @@ def test_a_draft_vocabulary_keeps_the_targets_head_rows_and_restricts_the_loss()
                                spec.aux_layers(4, module.config))
     module.eval()  # evaluation draws the same anchors every time
     loss, metrics = spec.loss(module, features)
-    from draftsmith.models.block_loss import block_labels
+    from draftsmith.models.block_loss import block_trained
 
     generator = torch.Generator().manual_seed(0)
     anchors, valid = draw_anchors(loss_mask, attention, module.config.anchors_per_sequence,
                                   generator)
-    positions, trained = block_labels(module, features, anchors, valid)
+    trained = block_trained(loss_mask, anchors, valid, module.proposals)
+    positions = anchors[..., None] + torch.arange(1, module.proposals + 1)
     rows = module.train_hidden(features, anchors)[:, :, 1:][trained]
     batch_index = torch.arange(2)[:, None, None].expand(trained.shape)[trained]
     teacher = features.logits_at(batch_index, positions[trained] - 1).float()
