@@ -94,6 +94,9 @@ class TrainSection:
             within a window; it holds that many shards memory-mapped).
         gradient_checkpointing: recompute the drafter's decoder layer in backward instead of
             keeping its activations (less memory, about one more forward of the layer per step).
+        compile: `torch.compile` the drafter's decoder layer (EAGLE-1/3, P-EAGLE; dynamic
+            shapes, since token batches and packed rows change size): the first steps pay the
+            compilation. Off by default: see benchmarks/train_step for where it pays.
     """
 
     lr: float = 1e-4
@@ -126,6 +129,7 @@ class TrainSection:
     features: str = "online"
     cache_window: int = 4
     gradient_checkpointing: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length", "cache_window",
@@ -146,9 +150,9 @@ class TrainSection:
                                   f"{', '.join(SCHEDULES)}")
         if not 0 < self.decay_fraction <= 1:
             raise DraftsmithError(f"train.decay_fraction={self.decay_fraction} must be in (0, 1]")
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise DraftsmithError(f"train.gradient_checkpointing={self.gradient_checkpointing!r}: "
-                                  "use true or false")
+        for name in ("gradient_checkpointing", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise DraftsmithError(f"train.{name}={getattr(self, name)!r}: use true or false")
         self._check_batching()
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")

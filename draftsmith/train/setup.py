@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.draft_vocab.drafter import install_draft_vocab
-from draftsmith.models.layers import set_gradient_checkpointing
+from draftsmith.models.layers import compile_layers, set_gradient_checkpointing
 from draftsmith.registry import DrafterSpec, get_spec
 from draftsmith.train.batching import ExampleBatches, collate_rows_of
 from draftsmith.train.budget import StepSchedule
@@ -77,6 +77,9 @@ def build_training(recipe: Recipe, examples, target, accelerator, draft_vocab) -
     if cfg.gradient_checkpointing and not set_gradient_checkpointing(drafter, True):
         accelerator.print(f"train.gradient_checkpointing: the {recipe.kind} drafter has no "
                           "decoder layer to recompute; nothing changes")
+    if cfg.compile and not compile_layers(drafter):
+        accelerator.print(f"train.compile: the {recipe.kind} drafter has no decoder layer that "
+                          "draftsmith compiles (EAGLE-1/3 and P-EAGLE have); nothing changes")
     aux_layers = spec.aux_layers(target.config.num_hidden_layers, drafter_config)
     joint = spec.trains_target(drafter_config)
     init_from_first_batch(drafter, target, data, aux_layers, accelerator)
