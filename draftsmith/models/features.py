@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.layers import next_trained_rows, shift_left
+from draftsmith.models.layers import next_trained_rows, padded_causal_mask, shift_left
 from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
 HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every_at`
@@ -60,6 +60,17 @@ def hidden_indices(num_layers: int, aux_layers: Iterable[int]) -> tuple[int, ...
 def num_decoder_layers(model) -> int:
     """N of a causal LM (its text config's `num_hidden_layers`)."""
     return int(model.config.get_text_config().num_hidden_layers)
+
+
+def decoder_mask(model, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The mask the target's decoder gets: under SDPA the (B, 1, T, T) causal mask that hides
+    padded keys (a padded query sees itself), which transformers uses as given; from the (B, T)
+    mask it would build the same one but first ask the device whether any token is padded (two
+    host reads per forward, `masking_utils._ignore_causal_mask_sdpa`). Other attention
+    implementations get the (B, T) mask."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return attention_mask
+    return padded_causal_mask(attention_mask)
 
 
 @torch.no_grad()  # not inference_mode: online training feeds these tensors to autograd
@@ -110,7 +121,8 @@ def extract_features(
                if i == 0 else layers[i - 1].register_forward_hook(keep_output(i))
                for i in sorted(set(layer_ids)) if i < num_layers]
     try:
-        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        outputs = decoder(input_ids=input_ids, attention_mask=decoder_mask(model, attention_mask),
+                          use_cache=False)
     finally:
         for handle in handles:
             handle.remove()

@@ -36,9 +36,11 @@ def test_extract_features_matches_the_full_forward(family):
     n = model.config.num_hidden_layers
     features = extract_features(model, ids, mask, [0, 2, n - 1, n])
     full = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    real = mask.bool()  # padded positions are never read (their queries see only themselves)
     for i in (0, 2, n - 1, n):
-        torch.testing.assert_close(features[hidden_key(i)], full.hidden_states[i], rtol=0, atol=0)
-    torch.testing.assert_close(model.lm_head(features[hidden_key(n)]), full.logits)
+        torch.testing.assert_close(features[hidden_key(i)][real], full.hidden_states[i][real],
+                                   rtol=0, atol=0)
+    torch.testing.assert_close(model.lm_head(features[hidden_key(n)])[real], full.logits[real])
     with pytest.raises(DraftsmithError, match="outside"):
         extract_features(model, ids, mask, [n + 1])
 
