@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.models.dflash import DFlashDrafter, default_gamma
+from draftsmith.models.layers import batch_generator
 
 
 def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -71,10 +72,9 @@ def collate_block_rows(config, seed: int, input_ids: torch.Tensor, attention_mas
     `collate_rows`): the anchors drawn with a generator seeded by the batch's tokens and `seed`,
     so a resumed run draws what the first did. `label_shift`: 0 for DFlash (B-1 proposals a
     block), 1 for DSpark (B)."""
-    content = int((input_ids * loss_mask).sum()) * 1_000_003 + int(attention_mask.sum())
-    generator = torch.Generator().manual_seed((seed * 7_919 + content) % 2 ** 62)
     return block_plan(loss_mask, attention_mask, config.anchors_per_sequence,
-                      config.block_size - 1 + label_shift, generator)
+                      config.block_size - 1 + label_shift,
+                      batch_generator(seed, input_ids, attention_mask, loss_mask))
 
 
 def training_blocks(drafter: DFlashDrafter, features) -> dict:

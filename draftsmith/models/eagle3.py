@@ -285,6 +285,14 @@ def ttt_rows(attention_mask: torch.Tensor, valid: list[torch.Tensor]) -> list[to
     return [attention_mask.bool() | valid[0], *reversed(needed)]
 
 
+def label_valid(loss_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Where each step's label is trained, (B, T) bool per step: position i at step (or depth) j
+    is trained to predict token i + j + 2, which must be in the loss mask and inside the row."""
+    t = loss_mask.shape[1]
+    index = torch.arange(t, device=loss_mask.device)[None]
+    return [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+
+
 def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: int
                  ) -> dict[str, torch.Tensor]:
     """The rows each training-time-test step computes and trains, as flat (B * T) positions and
@@ -301,9 +309,7 @@ def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: i
         attention_mask, loss_mask: (B, T), right-padded.
         steps: TTT steps.
     """
-    t = loss_mask.shape[1]
-    index = torch.arange(t, device=loss_mask.device)[None]
-    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+    valid = label_valid(loss_mask, steps)
     trained = next_trained_rows(loss_mask)
     plan: dict[str, torch.Tensor] = {}
     previous = None

@@ -294,6 +294,15 @@ def set_gradient_checkpointing(module: nn.Module, enabled: bool) -> int:
     return len(layers)
 
 
+def batch_generator(seed: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    loss_mask: torch.Tensor) -> torch.Generator:
+    """A CPU generator for a batch's random draws in the collate (P-EAGLE's COD slots, the block
+    drafters' anchors), seeded by the batch's tokens and `seed` (`train.seed`): the same batch
+    draws the same, so a resumed run draws what the first did."""
+    content = int((input_ids * loss_mask).sum()) * 1_000_003 + int(attention_mask.sum())
+    return torch.Generator().manual_seed((seed * 7_919 + content) % 2 ** 62)
+
+
 def compile_layers(module: nn.Module) -> int:
     """`torch.compile` the step of every `DraftDecoderLayer` under `module` (its padded, TTT and
     packed-row forwards, with dynamic shapes: batches and packed rows change size); returns how

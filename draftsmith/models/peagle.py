@@ -26,8 +26,14 @@ import torch
 from torch import nn
 
 from draftsmith.models.dflash import resolve_mask_token
-from draftsmith.models.eagle3 import Eagle3Drafter, ttt_rows
-from draftsmith.models.layers import KV, TargetLogits, restrict_target_logits_at, shift_left
+from draftsmith.models.eagle3 import Eagle3Drafter, label_valid, ttt_rows
+from draftsmith.models.layers import (
+    KV,
+    TargetLogits,
+    batch_generator,
+    restrict_target_logits_at,
+    shift_left,
+)
 from draftsmith.models.losses import (
     PositionLosses,
     check_position_weights,
@@ -158,14 +164,6 @@ class PEagleDrafter(Eagle3Drafter):
         return full
 
 
-def cod_valid(loss_mask: torch.Tensor, depths: int) -> list[torch.Tensor]:
-    """Where each depth's label is trained, (B, T) bool per depth: anchor i at depth d is
-    trained to predict token i + d + 2, which must be in the loss mask and inside the row."""
-    t = loss_mask.shape[1]
-    index = torch.arange(t, device=loss_mask.device)[None]
-    return [(shift_left(loss_mask, 2 + d) > 0) & (index < t - 2 - d) for d in range(depths)]
-
-
 def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
                 generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """COD sampling: the anchors each depth trains, (B, T) bool each.
@@ -176,7 +174,7 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
     holds the next, as the training step's packed rows require. No host sync.
 
     Args:
-        valid: (B, T) bool per depth, where that depth's label is trained (`cod_valid`).
+        valid: (B, T) bool per depth, where that depth's label is trained (`eagle3.label_valid`).
         generator: the draw's random source (the collate's, seeded by the batch).
     """
     seeds = valid[0].sum(1)
@@ -212,9 +210,8 @@ def collate_cod_rows(config: PEagleConfig, seed: int, input_ids: torch.Tensor,
                      ) -> dict[str, torch.Tensor]:
     """A batch's COD draw and its rows (`cod_rows`), made by the collate on the host. The draw
     is seeded by the batch's tokens and `seed`, so a resumed run draws what the first did."""
-    content = int((input_ids * loss_mask).sum()) * 1_000_003 + int(attention_mask.sum())
-    generator = torch.Generator().manual_seed((seed * 7_919 + content) % 2 ** 62)
-    valid = cod_valid(loss_mask, config.num_depths)
+    valid = label_valid(loss_mask, config.num_depths)
+    generator = batch_generator(seed, input_ids, attention_mask, loss_mask)
     return cod_rows(attention_mask, cod_anchors(valid, config.cod_ratio, config.cod_min_ratio,
                                                 generator))
 
@@ -246,7 +243,7 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
     cfg = drafter.config
     b, t = input_ids.shape
     if rows is None:
-        valid = cod_valid(loss_mask, cfg.num_depths)
+        valid = label_valid(loss_mask, cfg.num_depths)
         rows = cod_rows(attention_mask, cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio))
     draft_ids = drafter.draft_ids()
     teacher = restrict_target_logits_at(target_logits_after, draft_ids)
