@@ -71,7 +71,8 @@ def convert(args) -> dict:
         states = [sample[hidden_key(i)].float() for i in layers]
         states[-1] = states[-1] / weight  # post-norm -> a pre-norm state (module docstring)
         ids = sample["input_ids"].long().contiguous()
-        save_file({"hidden_states": torch.stack(states, dim=1).to(torch.bfloat16).contiguous(),
+        stored = sample[hidden_key(layers[0])].dtype  # the cache's own precision, kept
+        save_file({"hidden_states": torch.stack(states, dim=1).to(stored).contiguous(),
                    "token_ids": ids},
                   str(out / "hidden_states" / f"hs_{row_of[position]}.safetensors"))
         rows[row_of[position]] = {"input_ids": ids.tolist(),

@@ -41,6 +41,7 @@ import torch
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.files import write_json
 from draftsmith.models.features import hidden_key
+from draftsmith.target.precision import choose_mixed_precision
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.metrics import simulated_tau
 
@@ -122,14 +123,15 @@ def load_drafter(folder: Path):
 
 
 @torch.no_grad()
-def row_counts(model, sample: dict[str, torch.Tensor], steps: int) -> list[tuple[int, int]]:
+def row_counts(model, sample: dict[str, torch.Tensor], steps: int, bf16: bool
+               ) -> list[tuple[int, int]]:
     """(hits, trained tokens) of one conversation at each draft step, by our measure."""
     n = int(sample["attention_mask"].sum())
     ids, mask = sample["input_ids"][:n], sample["loss_mask"][:n] > 0
     choice = sample["target_argmax"][:n]
     fused = torch.cat([sample[hidden_key(i)][:n].float() for i in FUSED], dim=-1)
     # speculators' shift_batch: input token i + 1 beside the fused state of position i
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         drafts = model(hidden_states=fused[None, :-1], input_ids=ids[None, 1:],
                        document_ids=torch.zeros(1, n - 1, dtype=torch.long),
                        position_ids=torch.arange(1, n)[None], ttt_steps=steps)
@@ -150,14 +152,17 @@ def score(args) -> dict:
                          batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
                          eval_fraction=args.eval_fraction, rank=0, world_size=1, window=1)
     model = load_drafter(Path(args.drafter))
+    # the precision our runs' held-out evaluation uses here (`mixed_precision: auto`, measured)
+    mixed, _ = choose_mixed_precision("auto", "cpu",
+                                      model.config.transformer_layer_config.hidden_size)
     per_batch: list[list[float]] = []
     for batch in stream.eval_batches():
-        rows = [row_counts(model, {k: v[r] for k, v in batch.items()}, 3)
+        rows = [row_counts(model, {k: v[r] for k, v in batch.items()}, 3, mixed == "bf16")
                 for r in range(batch["input_ids"].shape[0])]
         per_batch.append([sum(row[j][0] for row in rows) / max(sum(row[j][1] for row in rows), 1)
                           for j in range(3)])
     accs = [statistics.fmean(b[j] for b in per_batch) for j in range(3)]
-    result = {"drafter": args.drafter, "held_out": stream.num_held_out,
+    result = {"drafter": args.drafter, "held_out": stream.num_held_out, "mixed_precision": mixed,
               "batches": len(per_batch),
               **{f"heldout_acc@{k + 1}": round(a, 4) for k, a in enumerate(accs)},
               "heldout_simulated_tau": round(simulated_tau(accs), 4)}

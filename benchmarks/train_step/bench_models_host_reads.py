@@ -189,7 +189,7 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
     head.weight.data = embed.weight.data.to(feature_dtype) * 4
     target = type("Target", (), {"config": config, "get_input_embeddings": lambda self: embed,
                                  "get_output_embeddings": lambda self: head})()
-    saved = torch.load(batches_path)
+    saved = torch.load(batches_path, weights_only=True)
     drafter = spec.build(config, settings)
     if getattr(drafter, "reduced_vocab", False):  # the data's, as training installs it
         drafter.set_draft_vocab(saved["draft_vocab"]["d2t"], saved["draft_vocab"]["t2d"])
