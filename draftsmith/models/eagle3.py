@@ -129,11 +129,6 @@ class Eagle3Midlayer(DraftDecoderLayer):
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
 
-    def run_ttt(self, embeds, hidden, cos, sin, extra_kv):
-        """`run` as a training-time-test step (see DraftDecoderLayer.forward_ttt)."""
-        attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        return self.forward_ttt(attn_input, hidden, cos, sin, extra_kv)
-
     def run_rows(self, embeds, hidden, cos, sin, rows, shape, extra_kv):
         """`run` on packed rows (see DraftDecoderLayer.forward_rows)."""
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
@@ -229,17 +224,6 @@ class Eagle3Drafter(DraftVocabMixin, nn.Module):
         if not with_logits:
             return out, kv
         return out, self.head(out), kv
-
-    def step_ttt(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                 extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
-        """A training-time-test step (without logits) on every position of a right-padded batch:
-        tokens (B, T), hidden (B, T, H) and position ids (B, T), after the earlier steps'
-        `extra_kv` -> (h_out (B, T, H), (keys, values)); the attention pattern is `ttt_masks`',
-        computed without it (`ttt_attention`)."""
-        embeds = self.embed_tokens(tokens).to(hidden.dtype)
-        cos, sin = self.rotary(hidden, position_ids)
-        out, kv = self.midlayer.run_ttt(embeds, hidden, cos, sin, extra_kv)
-        return self.feedback(out), kv
 
     def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                   rows: torch.Tensor, shape: tuple[int, int], extra_kv: list[KV]

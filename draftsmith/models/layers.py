@@ -221,33 +221,6 @@ class DraftDecoderLayer(nn.Module):
         h = residual + self.self_attn.attend(q, all_k, all_v, mask)
         return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
 
-    def forward_ttt(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor, extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
-        """One training-time-test step on every position of a right-padded batch, attention
-        through `ttt_attention` (causal over block 0, the same position in later blocks; no mask).
-
-        Args:
-            attn_input: (B, T, in) and residual: (B, T, H).
-            cos, sin: RoPE tables of the step's positions.
-            extra_kv: earlier steps' (keys, values), (B, nkv, T, hd) each: block 0 first (empty at
-                step 0, whose own keys are block 0).
-
-        Returns:
-            (output (B, T, H), the step's (keys, values) (B, nkv, T, hd)).
-        """
-        if self.gradient_checkpointing and torch.is_grad_enabled():
-            return checkpoint(self._forward_ttt, attn_input, residual, cos, sin, extra_kv,
-                              use_reentrant=False)
-        return self._forward_ttt(attn_input, residual, cos, sin, extra_kv)
-
-    def _forward_ttt(self, attn_input, residual, cos, sin, extra_kv):
-        attn = self.self_attn
-        q, (k, v) = attn.project_kv(attn_input, cos, sin)
-        blocks = [*extra_kv, (k, v)]
-        heads = ttt_attention(q, blocks[0], blocks[1:]).transpose(1, 2)  # (B, T, nh, hd)
-        h = residual + attn.o_proj(heads.flatten(2))
-        return h + self.mlp(self.post_attention_layernorm(h)), (k, v)
-
     def forward_rows(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int],
                      extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
@@ -304,12 +277,12 @@ def batch_generator(seed: int, input_ids: torch.Tensor, attention_mask: torch.Te
 
 
 def compile_layers(module: nn.Module) -> int:
-    """`torch.compile` the step of every `DraftDecoderLayer` under `module` (its padded, TTT and
+    """`torch.compile` the step of every `DraftDecoderLayer` under `module` (its padded and
     packed-row forwards, with dynamic shapes: batches and packed rows change size); returns how
     many layers (0: the drafter has none). Parameters and their names are unchanged."""
     layers = [m for m in module.modules() if isinstance(m, DraftDecoderLayer)]
     for layer in layers:
-        for name in ("_forward", "_forward_ttt", "_forward_rows"):
+        for name in ("_forward", "_forward_rows"):
             setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True))
     return len(layers)
 

@@ -84,8 +84,9 @@ def padding_share(lengths: Sequence[int], batches: list[list[int]]) -> float:
 
 
 def collate_rows_of(recipe) -> Callable[..., dict[str, torch.Tensor]] | None:
-    """The kind's rows drawn in the collate (registry `collate_rows`: P-EAGLE's COD draw) bound
-    to its drafter config and the run's seed, or None for a kind without them."""
+    """The kind's rows made in the collate (registry `collate_rows`: EAGLE-3's packed rows,
+    P-EAGLE's COD draw, the block drafters' blocks) bound to its drafter config and the run's
+    seed, or None for a kind without them."""
     from draftsmith.registry import get_spec
 
     rows = get_spec(recipe.kind).collate_rows
