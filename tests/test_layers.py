@@ -3,7 +3,8 @@ two modules import each other, directly or around a circle.
 
 Layers, bottom to top (a room is a module of `draftsmith/` or a package of it):
 
-  0  errors, files, config_values, provenance        plain utilities
+  0  errors, files, config_values, provenance,       plain utilities
+     host_memory
   1  process_group                                    leaving a multi-process run
   2  models, draft_vocab                              nn.Modules, pure losses, target features;
                                                       the draft vocabulary (drafters share it)
@@ -30,7 +31,7 @@ import draftsmith
 
 PACKAGE = Path(draftsmith.__file__).parent
 LAYERS = [
-    ("errors", "files", "config_values", "provenance", "recipes_index"),
+    ("errors", "files", "config_values", "provenance", "recipes_index", "host_memory"),
     ("process_group",),
     ("models", "draft_vocab"),
     ("registry", "target", "drafter_folder"),

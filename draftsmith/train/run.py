@@ -214,6 +214,7 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     A launched command leaves the process group once done (`leave_process_group`); a failed run
     leaves it here."""
     from draftsmith.files import disk_space_errors
+    from draftsmith.host_memory import reuse_freed_memory
     from draftsmith.registry import get_spec
     from draftsmith.train.loop import make_accelerator, run_training
     from draftsmith.train.mask_token import warn_if_mask_token_in_data
@@ -221,6 +222,8 @@ def train_from_recipe(path: str | Path, overrides: list[str] | None = None) -> P
     recipe = load_recipe(path, overrides)
     recipe.check_sections()  # a bad setting is refused before any model is loaded
     accelerator = make_accelerator(recipe)
+    if recipe.train.reuse_host_memory and accelerator.device.type == "cpu":
+        accelerator.print(reuse_freed_memory())
     try:
         # on this rank's device: dtype auto is decided for it (a GPU's bf16, not a CPU probe),
         # and regeneration and caching inside `train` compute there too
