@@ -9,6 +9,7 @@ import torch
 
 from draftsmith.models.dflash import DFlashDrafter, default_gamma
 from draftsmith.models.layers import batch_generator
+from draftsmith.models.losses import row_argmax
 
 
 def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -146,7 +147,7 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
     with torch.no_grad():
         if draft_ids is None:
             teacher = features.logits_at(batch_index, labels - 1).float()
-            choice = teacher.argmax(-1)  # the target's choice
+            choice = row_argmax(teacher)  # the target's choice
             in_vocab = torch.ones_like(choice, dtype=torch.bool)
         else:  # restricted to the draft vocabulary (Vd head rows), choices as draft ids
             teacher, choice = features.restricted_at(draft_ids, batch_index, labels - 1)
@@ -165,7 +166,7 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
     weights = position_weights(cfg, cfg.position_weights, trained, label_prob)
     row_weights = weights.flatten()[selected] * in_vocab
     loss = (per_row * row_weights).sum() / row_weights.sum().clamp_min(1e-9)
-    hits = scatter_trained(((logp.argmax(-1) == choice) & in_vocab).float(), plan)
+    hits = scatter_trained(((row_argmax(logp) == choice) & in_vocab).float(), plan)
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     return loss, metrics

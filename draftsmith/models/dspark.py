@@ -21,6 +21,7 @@ from torch import nn
 
 from draftsmith.models.block_loss import position_weights, scatter_trained, training_blocks
 from draftsmith.models.dflash import DFlashConfig, DFlashDrafter
+from draftsmith.models.losses import row_argmax
 
 
 @dataclass
@@ -131,13 +132,13 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
     ce = F.cross_entropy(logits, labels, reduction="none")
     target_confidence = (1 - 0.5 * l1.detach()).clamp(0, 1)
     bce = F.binary_cross_entropy_with_logits(confidence, target_confidence, reduction="none")
-    choice = teacher.argmax(-1)
+    choice = row_argmax(teacher)
     label_prob = scatter_trained(probs.detach().gather(1, choice[:, None])[:, 0], plan)
     weights = position_weights(cfg, cfg.position_weights, trained, label_prob).flatten()[selected]
     total = weights.sum().clamp_min(1e-9)
     loss = (cfg.ce_weight * (ce * weights).sum() + cfg.l1_weight * (l1 * weights).sum()
             + cfg.confidence_weight * (bce * weights).sum()) / total
-    hits = scatter_trained((logp.argmax(-1) == choice).float(), plan)
+    hits = scatter_trained((row_argmax(logp) == choice).float(), plan)
     counts = trained.sum((0, 1)).clamp_min(1)
     metrics = {f"acc_{k}": hits[..., k].sum() / counts[k] for k in range(trained.shape[-1])}
     metrics["confidence_error"] = (torch.sigmoid(confidence.detach()) - target_confidence).abs(

@@ -20,7 +20,7 @@ from draftsmith.models.layers import (
     padded_causal_mask,
     shift_left,
 )
-from draftsmith.models.losses import parse_loss, per_row_loss, wide
+from draftsmith.models.losses import parse_loss, per_row_loss, row_argmax, wide
 
 
 @dataclass
@@ -134,6 +134,6 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
     token_loss = torch.where(valid, per_row_loss(draft_logp, teacher, parse_loss(cfg.loss),
                                                   valid), 0.0).sum() / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    hits = valid & (draft_logp.argmax(-1) == teacher.argmax(-1))
+    hits = valid & (row_argmax(draft_logp) == row_argmax(teacher))
     return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
                   "acc_0": hits.sum().float() / count}

@@ -29,6 +29,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    row_argmax,
     wide,
 )
 
@@ -376,7 +377,7 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         logp = torch.log_softmax(wide(drafter.head(hidden[plan[f"head.{j}"]])), dim=-1)
         step_loss = losses.add_rows(j, logp, teacher[label], scored, plan[f"source.{j}"],
                                     missed=~scored)
-        hits = scored & (draft_ids[logp.argmax(-1)] == choice[label])
+        hits = scored & (draft_ids[row_argmax(logp)] == choice[label])
         metrics[f"loss_{j}"] = step_loss
         metrics[f"acc_{j}"] = hits.sum().float() / max(label.shape[0], 1)
     return losses.total(), metrics

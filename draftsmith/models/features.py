@@ -29,6 +29,7 @@ from torch import nn
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import next_trained_rows, padded_causal_mask, shift_left
+from draftsmith.models.losses import row_argmax
 from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
 HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every_at`
@@ -232,13 +233,13 @@ class Features:
                     self.target_argmax.flatten()[rows].long()
             if "target_logits" in self.__dict__:
                 logits = self.target_logits.flatten(0, 1)[rows]
-                return logits[:, columns], logits.argmax(-1)
+                return logits[:, columns], row_argmax(logits)
             hidden = self.last_hidden.flatten(0, 1)[rows].to(head.weight.dtype)
             sliced, choice = [], []
             for chunk in hidden.split(HEAD_CHUNK):
                 logits = head(chunk)
                 sliced.append(logits[:, columns])
-                choice.append(logits.argmax(-1))
+                choice.append(row_argmax(logits))
         return torch.cat(sliced), torch.cat(choice)
 
     def logits_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -301,7 +302,7 @@ class Features:
                 choice = self.target_argmax.flatten()[trained].long()
             else:
                 _, rows = self._trained_rows
-                sliced, choice = rows[:, columns], rows.argmax(-1)
+                sliced, choice = rows[:, columns], row_argmax(rows)
         return sliced, choice
 
 

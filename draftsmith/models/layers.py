@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.losses import row_argmax
 from draftsmith.models.target_support import LAYER_FIELDS, SUPPORTED, unsupported_target
 from draftsmith.models.ttt_attention import ttt_attention
 
@@ -73,7 +74,7 @@ class DenseTargetLogits:
     def restricted_every_at(self, columns: torch.Tensor, rows: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.every_at(rows)
-        return logits[:, columns], logits.argmax(-1)
+        return logits[:, columns], row_argmax(logits)
 
 
 def dense_target_logits(logits: torch.Tensor) -> DenseTargetLogits:

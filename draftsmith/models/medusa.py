@@ -21,6 +21,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    row_argmax,
     wide,
 )
 
@@ -151,7 +152,7 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
         logits = wide(heads.head(k, features.flatten(0, 1)[rows]))
         head_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,
                                     tokens=tokens)
-        hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
+        hits = valid & (row_argmax(logits) == row_argmax(teacher))
         metrics[f"loss_{k}"] = head_loss
         metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

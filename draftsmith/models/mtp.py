@@ -29,6 +29,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    row_argmax,
     wide,
 )
 
@@ -155,7 +156,7 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
         logits = wide(drafter.module_logits(k, hidden.flatten(0, 1)[rows]))
         step_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,
                                     tokens=tokens)
-        hits = valid & (logits.argmax(-1) == teacher.argmax(-1))
+        hits = valid & (row_argmax(logits) == row_argmax(teacher))
         metrics[f"loss_{k}"] = step_loss
         metrics[f"acc_{k}"] = hits.sum().float() / valid.sum().clamp_min(1)
     return losses.total(), metrics

@@ -39,6 +39,7 @@ from draftsmith.models.losses import (
     check_position_weights,
     decay_weights,
     parse_loss,
+    row_argmax,
 )
 
 
@@ -261,7 +262,7 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
         logp = torch.log_softmax(drafter.head(states).float(), dim=-1)
         depth_loss = losses.add_rows(d, logp, teacher_rows, in_vocab, anchors,
                                      missed=~in_vocab)
-        hits = in_vocab & (draft_ids[logp.argmax(-1)] == target_choice)
+        hits = in_vocab & (draft_ids[row_argmax(logp)] == target_choice)
         metrics[f"loss_{d}"] = depth_loss
         metrics[f"acc_{d}"] = hits.sum().float() / max(anchors.shape[0], 1)
     return losses.total(), metrics
