@@ -11,6 +11,7 @@ import torch
 
 from draftsmith.draft_vocab.drafter import install_draft_vocab
 from draftsmith.models.layers import compile_layers, set_gradient_checkpointing
+from draftsmith.models.row_buckets import bucket_rows
 from draftsmith.registry import DrafterSpec, get_spec
 from draftsmith.train.batching import ExampleBatches, collate_rows_of
 from draftsmith.train.budget import StepSchedule
@@ -77,6 +78,7 @@ def build_training(recipe: Recipe, examples, target, accelerator, draft_vocab) -
     if cfg.gradient_checkpointing and not set_gradient_checkpointing(drafter, True):
         accelerator.print(f"train.gradient_checkpointing: the {recipe.kind} drafter has no "
                           "decoder layer to recompute; nothing changes")
+    bucket_rows(drafter, cfg.row_multiple(accelerator.device.type, accelerator.mixed_precision))
     if cfg.compile and not compile_layers(drafter):
         accelerator.print(f"train.compile: the {recipe.kind} drafter has no decoder layer that "
                           "draftsmith compiles (EAGLE-1/3 and P-EAGLE have); nothing changes")
