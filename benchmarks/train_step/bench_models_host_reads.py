@@ -22,7 +22,8 @@ choice the draft vocabulary holds is the data's (98% on the quickstart's). Draft
 Medusa's is medusa1.yaml). The first batch, under a dispatch mode that counts
 `_local_scalar_dense`, `nonzero`, `masked_select` and boolean-mask indexing, is the warm-up and
 the read count; the next `--steps` batches are timed, in wall seconds and in the process's CPU
-seconds (both threads).
+seconds (both threads). A checkout that sets up host memory reuse and row buckets for CPU training
+gets them here too (`as_training_runs`).
 """
 
 from __future__ import annotations
@@ -161,12 +162,32 @@ def eagle3_rows(batches: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def recipe_settings(kind: str) -> dict:
-    """The drafter section of the kind's smollm2-135m recipe, without `kind`."""
+def recipe_section(kind: str, section: str) -> dict:
+    """A section of the kind's smollm2-135m recipe (`drafter` without `kind`)."""
     import yaml
 
-    drafter = yaml.safe_load((RECIPES / f"{KINDS[kind]}.yaml").read_text())["drafter"]
-    return {key: value for key, value in drafter.items() if key != "kind"}
+    found = yaml.safe_load((RECIPES / f"{KINDS[kind]}.yaml").read_text()).get(section) or {}
+    return {key: value for key, value in found.items() if key != "kind"}
+
+
+def recipe_settings(kind: str) -> dict:
+    """The drafter section of the kind's smollm2-135m recipe, without `kind`."""
+    return recipe_section(kind, "drafter")
+
+
+def as_training_runs(kind: str, drafter, bf16: bool) -> None:
+    """What a CPU training run of the checkout sets up around the step, where it has it: freed
+    host memory kept for reuse (`4b7d507`, unless the kind's recipe sets `reuse_host_memory:
+    false`) and, in bf16, the drafter's linear row counts rounded up to 64 (`1acdb26`)."""
+    try:
+        from draftsmith.host_memory import reuse_freed_memory
+        from draftsmith.models.row_buckets import DEFAULT_MULTIPLE, bucket_rows
+    except ImportError:  # a checkout before them
+        return
+    if recipe_section(kind, "train").get("reuse_host_memory", True):
+        reuse_freed_memory()
+    if bf16:
+        bucket_rows(drafter, DEFAULT_MULTIPLE)
 
 
 def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
@@ -195,6 +216,7 @@ def worker(kind: str, dtype_name: str, batches_path: str) -> dict:
         drafter.set_draft_vocab(saved["draft_vocab"]["d2t"], saved["draft_vocab"]["t2d"])
     drafter.init_from_target(target)
     drafter.train()
+    as_training_runs(kind, drafter, bf16)
     gen = torch.Generator().manual_seed(1)
     layers = spec.aux_layers(config.num_hidden_layers, settings)
 
