@@ -85,5 +85,5 @@ def test_the_setting_chooses_the_multiple_by_device():
     assert auto.row_multiple("cuda", "bf16") == 1
     assert TrainSection(bucket_rows=1).row_multiple("cpu", "bf16") == 1
     assert TrainSection(bucket_rows=128).row_multiple("cuda", "no") == 128
-    with pytest.raises(DraftsmithError, match="train.bucket_rows=0 must be >= 1"):
+    with pytest.raises(DraftsmithError, match=r"train\.bucket_rows=0 must be >= 1"):
         TrainSection(bucket_rows=0)
