@@ -1,7 +1,9 @@
 """Training-loop throughput before and after a change, on the same machine in the same run: real
 tokens trained per second, the padding share of the tokens the step computes, seconds per step
 (wall clock and process CPU) and host scalar reads per step, for one recipe with online features
-and with cached features (a benchmark, not a test).
+and with cached features (a benchmark, not a test). Run it on a quiet machine: beside other work
+the arm that keeps both cores busier loses more (the second Xeon pass in README.md measured 1.31x
+beside tests where a quiet machine measures 1.08x), and the load average each run saw is recorded.
 
     flock /tmp/draftsmith-bench.lock .venv/bin/python \\
         benchmarks/train_step/bench_loop_throughput.py --before /tmp/before-loop --after . \\
