@@ -89,6 +89,9 @@ class DrafterSpec:
             P-EAGLE's COD draw): made by the training collate on the host, so the step reads
             none from the device; they reach the loss as `Features.kind_rows`. A module-level
             function (loader workers pickle it).
+        packs: its loss keeps attention and labels within each document of a packed row
+            (`train.batching: packed`, `train/packing.py`); its `collate_rows` takes them
+            (`documents=`).
     """
 
     kind: str
@@ -111,6 +114,7 @@ class DrafterSpec:
     unserved_by: Callable[[object], dict[str, str]] = lambda config: {}
     target_fields: tuple[str, ...] = LAYER_FIELDS
     collate_rows: Callable[..., dict[str, torch.Tensor]] | None = None
+    packs: bool = False
 
     @property
     def default_tree(self) -> str:
@@ -189,7 +193,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=MedusaHeads,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: medusa_loss(m, f.input_ids, f.loss_mask, f.last_hidden,
-                                          f.logits_after),
+                                          f.logits_after, f.position_ids),
+            packs=True,
             proposer="heads",
             tree_shapes=("static", "chain"),
             frozen_prefixes=("lm_head.",),  # shared_head: the target's output layer
@@ -205,7 +210,9 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle1Drafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: eagle1_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.last_hidden, f.logits_after),
+                                          f.last_hidden, f.logits_after, f.document_ids,
+                                          f.position_ids),
+            packs=True,
             proposer="feature",
             tree_shapes=("static", "chain", "dynamic"),
             frozen_prefixes=("embed_tokens.", "lm_head."),
@@ -220,8 +227,10 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=Eagle3Drafter,
             aux_layers=lambda n, cfg: cfg.layer_ids or eagle3_layer_ids(n),
             loss=lambda m, f: eagle3_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                          f.aux_hidden, f, f.kind_rows or None),
+                                          f.aux_hidden, f, f.kind_rows or None, f.document_ids,
+                                          f.position_ids),
             collate_rows=collate_ttt_rows,
+            packs=True,
             proposer="feature",
             tree_shapes=("dynamic", "chain", "static"),
             frozen_prefixes=("embed_tokens.",),
@@ -259,7 +268,9 @@ DRAFTERS: dict[str, DrafterSpec] = {
             build=MTPDrafter,
             aux_layers=lambda n, cfg: [],
             loss=lambda m, f: mtp_loss(m, f.input_ids, f.attention_mask, f.loss_mask,
-                                       f.last_hidden, f.logits_after),
+                                       f.last_hidden, f.logits_after, f.document_ids,
+                                       f.position_ids),
+            packs=True,
             proposer="modules",
             tree_shapes=("chain",),
             frozen_prefixes=("embed_tokens.", "lm_head."),

@@ -17,7 +17,9 @@ from draftsmith.models.layers import (
     Rotary,
     TargetLogits,
     drafter_layer_config,
-    padded_causal_mask,
+    offset_in_sequence,
+    self_attention_mask,
+    sequence_positions,
     shift_left,
 )
 from draftsmith.models.losses import parse_loss, per_row_loss, row_argmax, wide
@@ -105,25 +107,28 @@ class Eagle1Drafter(nn.Module):
 
 def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, features: torch.Tensor,
-                target_logits_after: TargetLogits) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                target_logits_after: TargetLogits, documents: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SmoothL1(f_pred, f_next) + w * token loss(target head on f_next, head on f_pred), masked
     (the token loss is `loss`: soft cross-entropy by default).
 
     Position i feeds token i+1 and the target feature f_i (plus uniform noise in training) and
     predicts f_{i+1}, trained where token i+2 is in the loss mask: the rows i = p - 1 of the
     trained positions p the collate counted on the host (`trained_positions`), gathered, so
-    nothing waits on a host count.
+    nothing waits on a host count. Packed rows (`documents`, `position_ids`:
+    `train/packing.py`) attend within each document, at its own positions.
     """
     cfg = drafter.config
-    b, t = input_ids.shape
+    t = input_ids.shape[1]
     inputs = features
     if drafter.training and cfg.feature_noise > 0:
         inputs = features + (torch.rand_like(features) * 2 - 1) * cfg.feature_noise
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-    predicted, _ = drafter.step(shift_left(input_ids, 1), inputs, positions,
-                                padded_causal_mask(attention_mask))
+    predicted, _ = drafter.step(shift_left(input_ids, 1), inputs,
+                                sequence_positions(input_ids, position_ids),
+                                self_attention_mask(attention_mask, documents))
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
-    valid = trained % t > 0  # the row p - 1 lies in p's sequence
+    valid = offset_in_sequence(trained, t, position_ids) > 0  # the row p - 1 in p's sequence
     count = valid.sum().clamp_min(1)
     predicted = predicted.flatten(0, 1)[(trained - 1).clamp_min(0)]  # (m, H)
     feature_loss = F.smooth_l1_loss(wide(predicted), wide(features.flatten(0, 1)[trained]),

@@ -130,10 +130,10 @@ class Eagle3Midlayer(DraftDecoderLayer):
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         return self(attn_input, hidden, cos, sin, mask, past, extra_kv)
 
-    def run_rows(self, embeds, hidden, cos, sin, rows, shape, extra_kv):
+    def run_rows(self, embeds, hidden, cos, sin, rows, shape, extra_kv, documents=None):
         """`run` on packed rows (see DraftDecoderLayer.forward_rows)."""
         attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, extra_kv)
+        return self.forward_rows(attn_input, hidden, cos, sin, rows, shape, extra_kv, documents)
 
 
 class Eagle3Drafter(DraftVocabMixin, nn.Module):
@@ -227,15 +227,17 @@ class Eagle3Drafter(DraftVocabMixin, nn.Module):
         return out, self.head(out), kv
 
     def step_rows(self, tokens: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                  rows: torch.Tensor, shape: tuple[int, int], extra_kv: list[KV]
-                  ) -> tuple[torch.Tensor, KV]:
+                  rows: torch.Tensor, shape: tuple[int, int], extra_kv: list[KV],
+                  documents: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
         """A training-time-test step (without logits) on packed rows: tokens (m,), hidden (m, H)
         and position ids (m,) at flat positions `rows` of a right-padded (B, T) layout, after the
         earlier steps' `extra_kv` -> (h_out (m, H), padded (keys, values)); the attention pattern
-        is `ttt_masks`', computed without it (`ttt_attention`)."""
+        is `ttt_masks`', computed without it (`ttt_attention`), within each of `documents` when
+        the rows are packed (`train/packing.py`)."""
         embeds = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden[None], position_ids[None])
-        out, kv = self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, extra_kv)
+        out, kv = self.midlayer.run_rows(embeds, hidden, cos, sin, rows, shape, extra_kv,
+                                         documents)
         return self.feedback(out), kv
 
 
@@ -270,16 +272,21 @@ def ttt_rows(attention_mask: torch.Tensor, valid: list[torch.Tensor]) -> list[to
     return [attention_mask.bool() | valid[0], *reversed(needed)]
 
 
-def label_valid(loss_mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def label_valid(loss_mask: torch.Tensor, steps: int, documents: torch.Tensor | None = None
+                ) -> list[torch.Tensor]:
     """Where each step's label is trained, (B, T) bool per step: position i at step (or depth) j
-    is trained to predict token i + j + 2, which must be in the loss mask and inside the row."""
+    is trained to predict token i + j + 2, which must be in the loss mask and inside the row (and
+    in i's document, for packed rows' `documents`)."""
     t = loss_mask.shape[1]
     index = torch.arange(t, device=loss_mask.device)[None]
-    return [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+    valid = [(shift_left(loss_mask, 2 + j) > 0) & (index < t - 2 - j) for j in range(steps)]
+    if documents is not None:
+        valid = [v & (shift_left(documents, 2 + j) == documents) for j, v in enumerate(valid)]
+    return valid
 
 
-def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: int
-                 ) -> dict[str, torch.Tensor]:
+def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: int,
+                 documents: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The rows each training-time-test step computes and trains, as flat (B * T) positions and
     indices between them (counted where the masks live: the collate runs this on the host, so the
     step reads none from the device).
@@ -293,8 +300,9 @@ def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: i
     Args:
         attention_mask, loss_mask: (B, T), right-padded.
         steps: TTT steps.
+        documents: (B, T) document ids of packed rows (`train/packing.py`), or None.
     """
-    valid = label_valid(loss_mask, steps)
+    valid = label_valid(loss_mask, steps, documents)
     trained = next_trained_rows(loss_mask)
     plan: dict[str, torch.Tensor] = {}
     previous = None
@@ -311,16 +319,17 @@ def ttt_row_plan(attention_mask: torch.Tensor, loss_mask: torch.Tensor, steps: i
 
 
 def collate_ttt_rows(config: Eagle3Config, seed: int, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, loss_mask: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+                     attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                     documents: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """A batch's `ttt_row_plan`, made by the training collate on the host (registry
     `collate_rows`; nothing is drawn, so `seed` and the tokens are unused)."""
-    return ttt_row_plan(attention_mask, loss_mask, config.ttt_steps)
+    return ttt_row_plan(attention_mask, loss_mask, config.ttt_steps, documents)
 
 
 def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
-                target_logits_after: TargetLogits, plan: dict[str, torch.Tensor] | None = None
+                target_logits_after: TargetLogits, plan: dict[str, torch.Tensor] | None = None,
+                documents: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Training-time-test loss of EAGLE-3.
 
@@ -342,6 +351,8 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         aux_hidden: three (B, T, H) target layer outputs.
         target_logits_after: the target's logits (see layers.TargetLogits).
         plan: the collate's `ttt_row_plan`; None = counted here (host reads on a GPU).
+        documents, position_ids: (B, T) of packed rows (`train/packing.py`): attention and
+            labels stay within a document, each at its own positions; None = one per row.
 
     Returns:
         (loss, metrics) with metrics `acc_{j}` (top-1 agreement with the target over every trained
@@ -352,7 +363,8 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
     cfg = drafter.config
     b, t = input_ids.shape
     if plan is None:
-        plan = ttt_row_plan(attention_mask, loss_mask, cfg.ttt_steps)
+        plan = ttt_row_plan(attention_mask, loss_mask, cfg.ttt_steps, documents)
+    positions = position_ids.flatten() if position_ids is not None else None
     draft_ids = drafter.draft_ids()
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p
     with torch.no_grad():  # after each trained position: (m, Vd), (m,)
@@ -370,7 +382,8 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         if j > 0:  # this step computes a subset of the last one's rows
             rows, hidden = plan[f"rows.{j}"], hidden[plan[f"keep.{j}"]]
         tokens = shift_left(input_ids, 1 + j).flatten()[rows]
-        hidden, kv = drafter.step_rows(tokens, hidden, rows % t + j, rows, (b, t), cache)
+        at = (rows % t if positions is None else positions[rows]) + j
+        hidden, kv = drafter.step_rows(tokens, hidden, at, rows, (b, t), cache, documents)
         cache = [*cache, kv]
         label = plan[f"label.{j}"]
         scored = in_vocab[label]

@@ -30,11 +30,14 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.layers import next_trained_rows, padded_causal_mask, shift_left
 from draftsmith.models.losses import row_argmax
+from draftsmith.models.masks import document_causal_mask
 from draftsmith.models.target_support import SUPPORTED, unsupported_target
 
 HEAD_CHUNK = 1024  # rows per full-vocabulary head product in `Features.restricted_every_at`
 NEXT_TRAINED_KEY = "next_trained"  # the batch key of `next_trained_rows`, set by the collate
 KIND_ROWS = "kind_rows."  # batch keys of a kind's own rows, drawn by the collate (`collate_rows`)
+DOCUMENTS_KEY = "document_ids"  # a packed batch's (B, T) document ids (`train/packing.py`)
+POSITIONS_KEY = "position_ids"  # and each token's position in its document
 
 
 def kind_rows_of(batch: dict) -> dict[str, torch.Tensor]:
@@ -63,20 +66,38 @@ def num_decoder_layers(model) -> int:
     return int(model.config.get_text_config().num_hidden_layers)
 
 
-def decoder_mask(model, attention_mask: torch.Tensor) -> torch.Tensor:
+def decoder_mask(model, attention_mask: torch.Tensor, documents: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """The mask the target's decoder gets: under SDPA the (B, 1, T, T) causal mask that hides
     padded keys (a padded query sees itself), which transformers uses as given; from the (B, T)
     mask it would build the same one but first ask the device whether any token is padded (two
     host reads per forward, `masking_utils._ignore_causal_mask_sdpa`). Other attention
-    implementations get the (B, T) mask."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+    implementations get the (B, T) mask. Packed rows (`documents`, `train/packing.py`) get the
+    (B, 1, T, T) mask of each document (`document_causal_mask`): boolean under SDPA, additive
+    (0 or the dtype's lowest) under the others, as transformers applies a 4-D mask as given."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    sdpa = implementation == "sdpa"
+    if documents is not None:
+        if implementation not in ("sdpa", "eager"):
+            raise DraftsmithError(
+                f"train.batching=packed gives the target a per-document attention mask, which its "
+                f"attention implementation {implementation!r} does not take here (sdpa and eager "
+                "do); load the target with sdpa, or use train.batching: tokens")
+        mask = document_causal_mask(documents)
+        if sdpa:
+            return mask
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(dtype).min)
+    if not sdpa:
         return attention_mask
     return padded_causal_mask(attention_mask)
 
 
 @torch.no_grad()  # not inference_mode: online training feeds these tensors to autograd
 def extract_features(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int]
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int],
+    documents: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     """Selected hidden states of the frozen target, without computing logits; only those are
     kept while the decoder runs (forward hooks on the layers that produce them).
@@ -87,6 +108,8 @@ def extract_features(
         input_ids: (B, T) token ids; right padding keeps real tokens' states independent of it.
         attention_mask: (B, T) 1 on real tokens.
         layer_ids: `hidden_states` indices (see the module docstring), each in [0, N].
+        documents, position_ids: (B, T) of packed rows (`train/packing.py`): each document
+            attends to itself alone, at its own positions; None = one sequence per row.
 
     Returns:
         `{"hidden_states.{i}": (B, T, H)}` in the model's dtype.
@@ -122,8 +145,9 @@ def extract_features(
                if i == 0 else layers[i - 1].register_forward_hook(keep_output(i))
                for i in sorted(set(layer_ids)) if i < num_layers]
     try:
-        outputs = decoder(input_ids=input_ids, attention_mask=decoder_mask(model, attention_mask),
-                          use_cache=False)
+        outputs = decoder(input_ids=input_ids,
+                          attention_mask=decoder_mask(model, attention_mask, documents),
+                          position_ids=position_ids, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -147,6 +171,7 @@ class Features:
             None = counted here when a loss first asks (a host read on a GPU).
         kind_rows: the rows a kind's collate drew on the host (registry `collate_rows`; P-EAGLE's
             COD draw), by name; empty = the loss draws them itself.
+        document_ids, position_ids: (B, T) of a packed batch (`train/packing.py`), else None.
     """
 
     input_ids: torch.Tensor
@@ -158,6 +183,8 @@ class Features:
     target_argmax: torch.Tensor | None = None
     next_trained: torch.Tensor | None = None
     kind_rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    document_ids: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
 
     @functools.cached_property
     def target_logits(self) -> torch.Tensor:
@@ -333,6 +360,8 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
         target_argmax=batch.get("target_argmax"),
         next_trained=batch.get(NEXT_TRAINED_KEY),
         kind_rows=kind_rows_of(batch),
+        document_ids=batch.get(DOCUMENTS_KEY),
+        position_ids=batch.get(POSITIONS_KEY),
     )
 
 
@@ -340,18 +369,24 @@ def cached_features(batch: dict, head: nn.Module, aux_layers: list[int], num_lay
 def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     loss_mask: torch.Tensor, aux_layers: list[int],
                     next_trained: torch.Tensor | None = None,
-                    kind_rows: dict[str, torch.Tensor] | None = None) -> Features:
+                    kind_rows: dict[str, torch.Tensor] | None = None,
+                    documents: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> Features:
     """Run the frozen target once and collect what a drafter needs (online mode).
 
     Uses `extract_features`, as the data pipeline's cache does, so online training and the offline
     cache compute the same tensors. `aux_layers` are 0-based layer outputs, i.e. `hidden_states[i + 1]`.
     `next_trained`: the collate's `next_trained_rows(loss_mask)`, if it counted them;
-    `kind_rows`: the rows a kind's collate drew (`Features.kind_rows`).
+    `kind_rows`: the rows a kind's collate drew (`Features.kind_rows`); `documents`,
+    `position_ids`: a packed batch's (`train/packing.py`).
     """
     num_layers = target.config.num_hidden_layers
     indices = hidden_indices(num_layers, aux_layers)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
              NEXT_TRAINED_KEY: next_trained,
              **{KIND_ROWS + k: v for k, v in (kind_rows or {}).items()},
-             **extract_features(target, input_ids, attention_mask, indices)}
+             **({} if documents is None else {DOCUMENTS_KEY: documents,
+                                              POSITIONS_KEY: position_ids}),
+             **extract_features(target, input_ids, attention_mask, indices, documents,
+                                position_ids)}
     return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)

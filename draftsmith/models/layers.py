@@ -24,6 +24,7 @@ from transformers.models.llama.modeling_llama import (
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.losses import row_argmax
+from draftsmith.models.masks import document_causal_mask
 from draftsmith.models.target_support import LAYER_FIELDS, SUPPORTED, unsupported_target
 from draftsmith.models.ttt_attention import ttt_attention
 
@@ -224,7 +225,8 @@ class DraftDecoderLayer(nn.Module):
 
     def forward_rows(self, attn_input: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int],
-                     extra_kv: list[KV]) -> tuple[torch.Tensor, KV]:
+                     extra_kv: list[KV], documents: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, KV]:
         """One training-time-test step on packed rows: every row-wise part (projections, norms,
         MLP) runs on those rows alone and only attention in the padded layout, through
         `ttt_attention` (causal over block 0, the same position in later blocks; no mask).
@@ -237,21 +239,23 @@ class DraftDecoderLayer(nn.Module):
                 block 0 first (empty at step 0, whose own keys are block 0). A position not in
                 `rows` has zero keys and values and its output is not computed; every row of a
                 later step must be a row of each earlier one (its diagonal keys).
+            documents: (B, T) document ids of packed rows (`train/packing.py`), or None.
 
         Returns:
             (output (m, H), (keys, values) of the new rows in the padded layout (B, nkv, T, hd)).
         """
         if self.gradient_checkpointing and torch.is_grad_enabled():
             return checkpoint(self._forward_rows, attn_input, residual, cos, sin, rows, shape,
-                              extra_kv, use_reentrant=False)
-        return self._forward_rows(attn_input, residual, cos, sin, rows, shape, extra_kv)
+                              extra_kv, documents, use_reentrant=False)
+        return self._forward_rows(attn_input, residual, cos, sin, rows, shape, extra_kv, documents)
 
-    def _forward_rows(self, attn_input, residual, cos, sin, rows, shape, extra_kv):
+    def _forward_rows(self, attn_input, residual, cos, sin, rows, shape, extra_kv,
+                      documents=None):
         attn = self.self_attn
         q, (k, v) = attn.project_kv(attn_input[None], cos, sin)
         q, k, v = (scatter_rows(x[0].transpose(0, 1), rows, shape) for x in (q, k, v))
         blocks = [*extra_kv, (k, v)]
-        heads = ttt_attention(q, blocks[0], blocks[1:]).transpose(1, 2)  # (B, T, nh, hd)
+        heads = ttt_attention(q, blocks[0], blocks[1:], documents).transpose(1, 2)  # (B,T,nh,hd)
         # plain indexing: its backward (index_put) is several times faster than
         # index_select's (scatter_add) on CPU
         heads = heads.reshape(-1, attn.num_heads * attn.head_dim)[rows]
@@ -318,6 +322,31 @@ def padded_causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     t = attention_mask.shape[1]
     mask = causal_mask(t, attention_mask.device) & attention_mask[:, None, None, :].bool()
     return mask | torch.eye(t, dtype=torch.bool, device=attention_mask.device)[None, None]
+
+
+def self_attention_mask(attention_mask: torch.Tensor, documents: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    """A training batch's (B, 1, T, T) causal mask: `padded_causal_mask`, or each document's
+    (`masks.document_causal_mask`) for packed rows (`train/packing.py`)."""
+    return padded_causal_mask(attention_mask) if documents is None else \
+        document_causal_mask(documents)
+
+
+def sequence_positions(input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """(B, T) each token's position in its own sequence: 0..T-1 in every row, or a packed
+    batch's `position_ids`."""
+    if position_ids is not None:
+        return position_ids
+    b, t = input_ids.shape
+    return torch.arange(t, device=input_ids.device)[None].expand(b, t)
+
+
+def offset_in_sequence(flat: torch.Tensor, t: int, position_ids: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """Each flat (B * T) position's offset in its own sequence (its row, or its packed
+    document): a loss's row `p - k` lies in p's sequence where this is at least k."""
+    return flat % t if position_ids is None else position_ids.flatten()[flat]
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import TargetLogits
+from draftsmith.models.layers import TargetLogits, offset_in_sequence
 from draftsmith.models.losses import (
     PositionLosses,
     check_labels,
@@ -127,14 +127,16 @@ class MedusaHeads(nn.Module):
 
 
 def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                features: torch.Tensor, target_logits_after: TargetLogits
+                features: torch.Tensor, target_logits_after: TargetLogits,
+                position_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """sum_k w^k CE(head_k(h_t), label of token t+2+k) over loss-masked targets, the label being
     the target's distribution of that token (logits at t+1+k; `labels: target`) or the data's
     token (`labels: data`). Accuracy of head k is its agreement with the target's own greedy
     choice for that token. Head k's rows are i = p - 1 - k for the trained positions p the
     collate counted on the host (`trained_positions`), gathered (no host count); the target's
-    logits after p serve every head."""
+    logits after p serve every head. In packed rows (`position_ids`: `train/packing.py`) a
+    head's row stays in p's document."""
     cfg = heads.config
     t = input_ids.shape[1]
     num_heads = len(heads.heads)
@@ -146,8 +148,9 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
     teacher = target_logits_after.every_at(trained)  # (m, V)
     tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
+    offsets = offset_in_sequence(trained, t, position_ids)
     for k in range(num_heads):
-        valid = trained % t > k  # the row p - 1 - k lies in p's sequence
+        valid = offsets > k  # the row p - 1 - k lies in p's sequence
         rows = (trained - 1 - k).clamp_min(0)
         logits = wide(heads.head(k, features.flatten(0, 1)[rows]))
         head_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,

@@ -20,7 +20,9 @@ from draftsmith.models.layers import (
     Rotary,
     TargetLogits,
     drafter_layer_config,
-    padded_causal_mask,
+    offset_in_sequence,
+    self_attention_mask,
+    sequence_positions,
     shift_left,
 )
 from draftsmith.models.losses import (
@@ -126,18 +128,20 @@ class MTPDrafter(nn.Module):
 
 
 def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits
+             loss_mask: torch.Tensor, features: torch.Tensor, target_logits_after: TargetLogits,
+             documents: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted cross-entropy of every module on the tokens it predicts (k+1 ahead), on trained
     positions only, against the target's distribution (`labels: target`) or the data's tokens
     (`labels: data`). Module k's rows are i = p - 1 - k for the trained positions p the collate
     counted on the host (`trained_positions`), gathered (no host count); the target's logits
     after p serve every module. Accuracy of module k is agreement with the target's own greedy
-    choice."""
+    choice. Packed rows (`documents`, `position_ids`: `train/packing.py`) attend within each
+    document, at its own positions."""
     cfg = drafter.config
     b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-    mask = padded_causal_mask(attention_mask)
+    positions = sequence_positions(input_ids, position_ids)
+    mask = self_attention_mask(attention_mask, documents)
     weights = [cfg.step_weight ** k for k in range(cfg.num_modules)]
     norm = sum(weights)
     weights = [w / norm for w in weights] if cfg.position_weights == "geometric" else \
@@ -149,9 +153,10 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
     teacher = target_logits_after.every_at(trained)  # (m, V)
     tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
+    offsets = offset_in_sequence(trained, t, position_ids)
     for k in range(cfg.num_modules):
         hidden, _ = drafter.module_hidden(k, shift_left(input_ids, k + 1), hidden, positions, mask)
-        valid = trained % t > k  # the row p - 1 - k lies in p's sequence
+        valid = offsets > k  # the row p - 1 - k lies in p's sequence
         rows = (trained - 1 - k).clamp_min(0)
         logits = wide(drafter.module_logits(k, hidden.flatten(0, 1)[rows]))
         step_loss = losses.add_rows(k, torch.log_softmax(logits, dim=-1), teacher, valid, rows,

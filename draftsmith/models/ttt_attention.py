@@ -14,7 +14,9 @@ diagonal values weighted by that share complete the output. Everything is differ
 public ops (SDPA's own backward), memory is linear in T, and no mask is built.
 
 Right padding only (as `collate` lays batches out): with real tokens a prefix of each row, plain
-causal attention over block 0 equals the padding-aware mask for every real query.
+causal attention over block 0 equals the padding-aware mask for every real query. Packed rows
+(`train/packing.py`) pass their `documents`: block 0 is then causal within each document (an
+explicit mask, the sink key visible to all).
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from draftsmith.models.masks import document_causal_mask
+
 KV = tuple[torch.Tensor, torch.Tensor]
 _PAD = 8  # extra coordinates: 2 carry the sink score; fused kernels want head dims % 8 == 0
 
 
-def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tensor:
+def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
     """softmax attention of step j = len(diagonal) of training-time test.
 
     Args:
@@ -36,6 +41,8 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
         block0: (keys, values) of step 0, (B, nkv, T, hd) each; query i sees keys 0..i.
         diagonal: (keys, values) of steps 1..j (the last one the new step's own), (B, nkv, T, hd)
             each; query i sees only key i of each.
+        documents: (B, T) document index of each token of packed rows (0 on padding), or None
+            (one sequence per row).
 
     Returns:
         (B, nh, T, hd), equal to SDPA with `eagle3.ttt_masks` for every real (right-padded) query.
@@ -48,7 +55,10 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
     group = nh // nkv
     scale = 1.0 / math.sqrt(hd)
     if not diagonal:
-        return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, enable_gqa=group > 1)
+        if documents is None:
+            return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, enable_gqa=group > 1)
+        return F.scaled_dot_product_attention(q, k0, v0, attn_mask=document_causal_mask(documents),
+                                              enable_gqa=group > 1)
     dk = torch.stack([k for k, _ in diagonal], dim=-2)  # (B, nkv, T, j, hd)
     dv = torch.stack([v for _, v in diagonal], dim=-2)
     wide = torch.promote_types(q.dtype, torch.float32)  # at least float32 for the softmax
@@ -71,8 +81,14 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV]) -> torch.Tens
     k_aug[:, :, 0, hd:hd + 2] = 1.0
     v_aug = F.pad(v0, (0, _PAD, 1, 0))
     v_aug[:, :, 0, hd] = 1.0
-    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale,
-                                         enable_gqa=group > 1)
+    if documents is None:
+        out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale,
+                                             enable_gqa=group > 1)
+    else:  # the dummy query and the sink key in front of each document's causal mask
+        mask = F.pad(document_causal_mask(documents), (1, 0, 1, 0))
+        mask[..., 0] = True
+        out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=mask, scale=scale,
+                                             enable_gqa=group > 1)
     out = out[:, :, 1:]
     share = out[..., hd:hd + 1].to(wide)  # (B, nh, T, 1): the diagonals' part of each softmax
     weights = torch.softmax(scores, dim=-1).to(q.dtype)  # (B, nkv, T, group, j)

@@ -1,9 +1,10 @@
 """Turning tokenized conversations into batches: held-out split, per-epoch plans, padding.
 
-Two plans (`train.batching`): `tokens` (the default) groups sequences of similar length from a
+Three plans (`train.batching`): `tokens` (the default) groups sequences of similar length from a
 shuffled pool into batches of about `train.batch_size x train.max_length` tokens each, so padding
-stays a few percent and every step computes about as many tokens; `rows` pairs
-`train.batch_size` sequences at random (right padding to the longest). On the quickstart's
+stays a few percent and every step computes about as many tokens; `packed` puts sequences back to
+back in rows of `train.max_length` (`train/packing.py`); `rows` pairs `train.batch_size`
+sequences at random (right padding to the longest). On the quickstart's
 conversations padding is 1.7% of the padded tokens against 26%
 (benchmarks/train_step/loop-throughput.md). Either plan is a pure function of (seed, epoch), so
 a resumed run reads exactly the batches an uninterrupted one would.
@@ -19,6 +20,7 @@ import torch
 
 from draftsmith.models.features import KIND_ROWS, NEXT_TRAINED_KEY
 from draftsmith.models.layers import next_trained_rows
+from draftsmith.train.packing import collate_packed, packed_batches
 
 POOL_BATCHES = 64  # a pool holds this many batches' worth of sequences (padding vs. mixing)
 
@@ -128,6 +130,32 @@ def collate(batch: list[dict], max_length: int, rows: Callable | None = None
             NEXT_TRAINED_KEY: next_trained_rows(loss_mask), **hidden}
 
 
+class TaggedRows:
+    """Examples looked up by (row, index) keys, returned as (row, example): how a DataLoader's
+    flat batch of keys carries a packed batch's rows to `collate_tagged_rows`."""
+
+    def __init__(self, examples: list[dict]):
+        self.examples = examples
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, dict]:
+        row, index = key
+        return row, self.examples[index]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+def collate_tagged_rows(tagged: list[tuple[int, dict]], max_length: int,
+                        kind_rows: Callable | None = None) -> dict[str, torch.Tensor]:
+    """`packing.collate_packed` of (row, example) pairs, in order."""
+    rows: list[list[dict]] = []
+    for row, example in tagged:
+        while len(rows) <= row:
+            rows.append([])
+        rows[row].append(example)
+    return collate_packed(rows, max_length, kind_rows)
+
+
 class ExampleBatches:
     """In-memory examples as the loop reads its data (the interface `CacheStream` shares):
     a seeded held-out split, per-epoch batch plans whose global batch every process splits
@@ -148,12 +176,14 @@ class ExampleBatches:
 
         self.cfg, self.accelerator = cfg, accelerator
         self.collate = functools.partial(collate, max_length=cfg.max_length, rows=rows)
+        self.collate_packed = functools.partial(collate_tagged_rows, max_length=cfg.max_length,
+                                                kind_rows=rows)
         self.record = examples_record(examples)
         self.train_set, eval_set = split_examples(examples, cfg.eval_fraction, cfg.seed,
                                                   cfg.eval_max_samples)
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.lengths = [min(len(e["input_ids"]), cfg.max_length) for e in self.train_set]
-        need = self.world if cfg.batching == "tokens" else cfg.batch_size * self.world
+        need = cfg.batch_size * self.world if cfg.batching == "rows" else self.world
         if len(self.train_set) < need:
             raise DraftsmithError(f"only {len(self.train_set)} training sequences for a global "
                                   f"batch of {need}: add data or lower train.batch_size")
@@ -167,6 +197,11 @@ class ExampleBatches:
     def _plan(self, epoch: int) -> list[list[int]]:
         """This process's batches of `epoch` (indices into the training set)."""
         cfg, world = self.cfg, self.world
+        if cfg.batching == "packed":
+            rows = max(1, cfg.token_budget // cfg.max_length) * world
+            rng = random.Random(f"{cfg.seed}:{epoch}:packed")
+            return [b[self.rank::world] for b in packed_batches(
+                self.lengths, cfg.max_length, rows, POOL_BATCHES * rows, rng, min_rows=world)]
         if cfg.batching == "tokens":
             budget = cfg.token_budget * world
             pool = POOL_BATCHES * max(1, budget // cfg.max_length)
@@ -177,11 +212,15 @@ class ExampleBatches:
         return [order[start + self.rank * rows: start + (self.rank + 1) * rows]
                 for start in range(0, len(order) - rows * world + 1, rows * world)]
 
-    def _loader(self, rows: list[dict], plan: list[list[int]], workers: int):
+    def _loader(self, rows: list[dict], plan: list, workers: int):
         from torch.utils.data import DataLoader
 
+        collate_fn = self.collate
+        if self.cfg.batching == "packed":  # keys (row in batch, example): the collate regroups
+            rows, collate_fn = TaggedRows(rows), self.collate_packed
+            plan = [[(r, i) for r, row in enumerate(batch) for i in row] for batch in plan]
         return DataLoader(rows, batch_sampler=plan, num_workers=workers,
-                          collate_fn=self.collate,
+                          collate_fn=collate_fn,
                           pin_memory=torch.cuda.is_available(),
                           prefetch_factor=2 if workers else None, generator=torch.Generator())
 

@@ -26,6 +26,7 @@ import torch
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.batching import POOL_BATCHES, collate, token_batches
+from draftsmith.train.packing import collate_packed, packed_batches
 
 _MASK32 = 0xFFFFFFFF
 
@@ -55,7 +56,8 @@ class CacheStream:
         keys, extras: hidden-state keys to read, and per-token extras where stored.
         batch_size, max_length: per-rank batch rows; tokens per row (longer samples are cut).
         batching, batch_tokens: `tokens` (length-bucketed batches of batch_tokens padded tokens,
-            default batch_size x max_length) or `rows` (batch_size samples each).
+            default batch_size x max_length), `packed` (batch_tokens // max_length packed rows,
+            `train/packing.py`) or `rows` (batch_size samples each).
         seed, eval_fraction: shuffling and the held-out share (at least one sample when > 0).
         max_held: at most this many held out, the first in data order (None = no cap).
         rank, world_size: this process among all.
@@ -127,10 +129,11 @@ class CacheStream:
         random.Random(f"{self.seed}:{epoch}:{rank}").shuffle(order)
         return order
 
-    def _plan(self, epoch: int, rank: int) -> list[list[tuple[int, int, int]]]:
+    def _plan(self, epoch: int, rank: int) -> list[list]:
         """Rank `rank`'s batches of `epoch`, each a list of (window, shard in window, index in
         shard), windows in reading order. `rows`: batch_size samples each, a batch may span two
-        windows; `tokens`: length-bucketed within each window (`token_batches`)."""
+        windows; `tokens`: length-bucketed within each window (`token_batches`); `packed`: each
+        batch a list of rows of them, packed within each window (`packing.packed_batches`)."""
         shards = self._shard_order(epoch, rank)
         batches, pending = [], []
         for w in range(0, len(shards), self.window):
@@ -146,7 +149,13 @@ class CacheStream:
                         pending = []
                 continue
             lengths = [self.rank_lengths[rank][window[k]][i] for _, k, i in order]
-            pool = POOL_BATCHES * max(1, self.token_budget // self.max_length)
+            rows = max(1, self.token_budget // self.max_length)
+            pool = POOL_BATCHES * rows
+            if self.batching == "packed":
+                batches += [[[order[j] for j in row] for row in batch] for batch in packed_batches(
+                    lengths, self.max_length, rows, pool,
+                    random.Random(f"{self.seed}:{epoch}:{rank}:{w}:packed"))]
+                continue
             batches += [[order[j] for j in batch] for batch in token_batches(
                 lengths, self.token_budget, pool, random.Random(f"{self.seed}:{epoch}:{rank}:{w}"))]
         return batches
@@ -166,18 +175,24 @@ class CacheStream:
         plan = self._plan(epoch, self.rank)[skip:self.epoch_length(epoch)]
         shards = [self.mine[j] for j in self._shard_order(epoch, self.rank)]
         opened, readers = None, []
+        packed = self.batching == "packed"
         with ExitStack() as stack:
             for batch in plan:
-                samples = []
-                for w, k, i in batch:
-                    if w != opened:  # windows come in order: the one before is done
-                        stack.close()
-                        readers = [stack.enter_context(self.cache.read_shard(
-                            s.entry, self.keys, self.extras)) for s in shards[w:w + self.window]]
-                        opened = w
-                    samples.append(readers[k].sample(shards[w + k].train[i],
-                                                     dequantize=not float8))
-                yield collate(samples, self.max_length, self.rows)
+                rows = []
+                for row in batch if packed else [batch]:
+                    samples = []
+                    for w, k, i in row:
+                        if w != opened:  # windows come in order: the one before is done
+                            stack.close()
+                            readers = [stack.enter_context(self.cache.read_shard(
+                                s.entry, self.keys, self.extras))
+                                for s in shards[w:w + self.window]]
+                            opened = w
+                        samples.append(readers[k].sample(shards[w + k].train[i],
+                                                         dequantize=not float8))
+                    rows.append(samples)
+                yield collate_packed(rows, self.max_length, self.rows) if packed else \
+                    collate(rows[0], self.max_length, self.rows)
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's share of the held-out samples (every W-th), in data order: the same

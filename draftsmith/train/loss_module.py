@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from draftsmith.models.features import (
+    DOCUMENTS_KEY,
     NEXT_TRAINED_KEY,
+    POSITIONS_KEY,
     cached_features,
     kind_rows_of,
     target_features,
@@ -48,7 +50,8 @@ def batch_features(target, batch: dict, aux_layers: list[int]):
         return cached_features(batch, target.get_output_embeddings(), aux_layers, num_layers)
     return target_features(target, batch["input_ids"], batch["attention_mask"],
                            batch["loss_mask"], aux_layers, batch.get(NEXT_TRAINED_KEY),
-                           kind_rows_of(batch))
+                           kind_rows_of(batch), batch.get(DOCUMENTS_KEY),
+                           batch.get(POSITIONS_KEY))
 
 
 def init_from_first_batch(drafter, target, data, aux_layers: list[int], accelerator) -> None:

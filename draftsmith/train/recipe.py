@@ -14,11 +14,13 @@ from pathlib import Path
 from draftsmith.config_values import apply_overrides, build_dataclass, read_yaml_mapping
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.row_buckets import DEFAULT_MULTIPLE
-from draftsmith.registry import get_spec
+from draftsmith.registry import DRAFTERS, get_spec
 from draftsmith.target.load import TargetSpec
 from draftsmith.target.precision import MIXED_PRECISIONS
 from draftsmith.train.budget import SCHEDULES
 from draftsmith.train.optimizers import check_optimizer
+
+BATCHINGS = ("tokens", "packed", "rows")
 
 
 @dataclass
@@ -37,10 +39,12 @@ class TrainSection:
             tokens`, batch_size x max_length is each process's padded tokens per micro-step.
         batching: `tokens` (length-bucketed batches of about `batch_tokens` padded tokens each,
             any number of rows: padding 1.7% against 26% on the quickstart's
-            conversations, benchmarks/train_step/loop-throughput.md) or `rows` (batch_size sequences paired at
-            random, right-padded to the longest).
-        batch_tokens: `batching: tokens`: padded tokens per process per micro-step; null =
-            batch_size x max_length.
+            conversations, benchmarks/train_step/loop-throughput.md), `packed` (conversations
+            back to back in rows of max_length, batch_tokens // max_length rows a batch, each
+            attending within itself: `train/packing.py`; EAGLE-3 so far) or `rows` (batch_size
+            sequences paired at random, right-padded to the longest).
+        batch_tokens: `batching: tokens` or `packed`: padded tokens per process per
+            micro-step; null = batch_size x max_length.
         loader_workers: DataLoader worker processes collating in-memory examples (0: the main
             process; a background thread reads the cache ahead either way); null = 0 on a CPU
             (workers would compete with the step for its cores; not yet timed), 2 with CUDA.
@@ -188,8 +192,9 @@ class TrainSection:
                                   f"[0, max_steps={self.max_steps}]")
 
     def _check_batching(self) -> None:
-        if self.batching not in ("tokens", "rows"):
-            raise DraftsmithError(f"train.batching={self.batching!r}: use tokens or rows")
+        if self.batching not in BATCHINGS:
+            raise DraftsmithError(f"train.batching={self.batching!r}: use one of "
+                                  f"{', '.join(BATCHINGS)}")
         if self.batch_tokens is not None and self.batch_tokens < self.max_length:
             raise DraftsmithError(f"train.batch_tokens={self.batch_tokens} is below "
                                   f"train.max_length={self.max_length}: a batch must hold one "
@@ -289,6 +294,12 @@ def build_recipe(raw: dict) -> Recipe:
                     train=train)
     # the kind and its settings are validated now, before any model is loaded
     check_block_fits(recipe.drafter_config, recipe)
+    if train.batching == "packed" and not get_spec(recipe.kind).packs:
+        packing = ", ".join(k for k, s in DRAFTERS.items() if s.packs)
+        raise DraftsmithError(f"train.batching=packed: the {recipe.kind} loss does not yet keep "
+                              f"its labels within each packed conversation (kinds that do: "
+                              f"{packing}); use train.batching: tokens (length-bucketed, little "
+                              "padding)")
     return recipe
 
 

@@ -98,7 +98,7 @@ def test_resume_reads_the_planned_batches_after_the_skipped_ones():
 def test_rows_batching_pairs_batch_size_sequences_and_bad_settings_name_the_fix():
     data = batches_of(example_rows(), batching="rows")
     assert all(b["input_ids"].shape[0] == 2 for b in data.train_batches(0))
-    with pytest.raises(DraftsmithError, match=r"train.batching='pack': use tokens or rows"):
+    with pytest.raises(DraftsmithError, match=r"train.batching='pack': use one of tokens, packed, rows"):
         TrainSection(batching="pack")
     with pytest.raises(DraftsmithError, match=r"train.batch_tokens=8 is below "
                                               r"train.max_length=16.*raise it"):

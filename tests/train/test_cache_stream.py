@@ -33,8 +33,13 @@ class Tokenizer:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """40 samples of 9..16 tokens in shards of ~48 tokens (11 shards); the first token of each
-    sample is its number, so a batch says which samples it holds."""
+    """`tiny_cache`'s."""
+    return tiny_cache(tmp_path_factory.mktemp("cache"))
+
+
+def tiny_cache(folder) -> FeatureCache:
+    """40 samples of 9..16 tokens in shards of ~48 tokens (11 shards) in `folder`; the first
+    token of each sample is its number, so a batch says which samples it holds."""
     target = tiny_target("llama")
     gen = torch.Generator().manual_seed(0)
     samples = []
@@ -42,7 +47,6 @@ def cache(tmp_path_factory):
         length = 9 + i % 8
         ids = [i + 2, *torch.randint(2, 128, (length - 1,), generator=gen).tolist()]
         samples.append(RenderedSample(ids, [0] * 3 + [1] * (length - 3), str(i)))
-    folder = tmp_path_factory.mktemp("cache")
     build_feature_cache(target, Tokenizer(), samples, folder, kinds=["eagle3"], dtype="float32",
                         shard_tokens=48, progress=False)
     return FeatureCache.open(folder)

@@ -1,0 +1,253 @@
+"""Packed batches (train/packing.py): the plan covers every sequence once within the row length,
+the collate lays out documents and their positions, and a packed EAGLE-3 step computes the loss
+and gradients of the same conversations in their own rows (float64, the target run online, and
+from cached features)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.features import cached_features, hidden_key, target_features
+from draftsmith.models.masks import document_causal_mask
+from draftsmith.registry import DRAFTERS, get_spec
+from draftsmith.train.batching import collate
+from draftsmith.train.packing import collate_packed, pack_rows, packed_batches, packing_share
+from draftsmith.train.recipe import build_recipe
+from tests.helpers.tiny_targets import tiny_target
+from tests.train.test_cache_stream import ids_of, stream, tiny_cache
+
+LENGTHS = (9, 14, 6, 11)
+
+
+def _examples(seed: int = 0) -> list[dict]:
+    """Conversations of LENGTHS tokens; the second trains from its first token on (a label
+    crossing into it from a packed neighbour would show), the others from their third."""
+    rng = torch.Generator().manual_seed(seed)
+    examples = []
+    for n, length in enumerate(LENGTHS):
+        mask = [0, 0] + [1] * (length - 2) if n != 1 else [1] * length
+        examples.append({"input_ids": torch.randint(2, 128, (length,), generator=rng).tolist(),
+                         "loss_mask": mask})
+    return examples
+
+
+def test_pack_rows_places_every_sequence_once_within_the_row():
+    lengths = [random.Random(i).randint(1, 50) for i in range(200)]
+    rows = pack_rows(lengths, 64, 50, random.Random(0))
+    assert sorted(i for row in rows for i in row) == list(range(200))
+    assert all(sum(lengths[i] for i in row) <= 64 for row in rows)
+    assert rows == pack_rows(lengths, 64, 50, random.Random(0))  # a function of the seed
+    batches = packed_batches(lengths, 64, 4, 200, random.Random(0))
+    assert all(len(b) <= 4 for b in batches)
+    assert packing_share(lengths, batches) < 0.1  # first-fit decreasing fills the rows
+
+
+def test_collate_lays_out_documents_positions_and_masks():
+    examples = _examples()
+    batch = collate_packed([[examples[0], examples[1]], [examples[2]]], max_length=64)
+    assert batch["input_ids"].shape == (2, 23)
+    assert batch["document_ids"][0].tolist() == [1] * 9 + [2] * 14
+    assert batch["document_ids"][1].tolist() == [1] * 6 + [0] * 17
+    assert batch["position_ids"][0].tolist() == list(range(9)) + list(range(14))
+    assert batch["attention_mask"].sum() == 29
+    assert batch["loss_mask"][0, 9] == 0 and batch["loss_mask"][0, 10] == 1  # a first token
+    mask = document_causal_mask(batch["document_ids"])[0, 0]
+    assert mask[10, 9] and not mask[10, 8]  # its own document's keys, none of the one before
+    assert mask[8, 0] and not mask[8, 9] and mask[15, 15] and not mask[15, 16]  # causal
+
+
+def _step(drafter, spec, features):
+    drafter.zero_grad(set_to_none=True)
+    loss, metrics = spec.loss(drafter, features)
+    loss.backward()
+    return loss.detach(), metrics, {n: p.grad.clone() for n, p in drafter.named_parameters()
+                                    if p.grad is not None}
+
+
+PACKING = [k for k, spec in DRAFTERS.items() if spec.packs]
+# EAGLE-1's feature noise draws by the batch's shape: off, so both layouts train the same
+SETTINGS = {"eagle3": {"draft_vocab_size": 96, "ttt_steps": 3}, "eagle1": {"feature_noise": 0.0},
+            "medusa": {"num_heads": 3}, "mtp": {"num_modules": 3}}
+
+
+def _layouts(rows=None) -> dict[str, dict]:
+    """The four conversations one per row, and packed in two rows (three, then one)."""
+    examples = _examples()
+    return {"unpacked": collate(examples, 64, rows),
+            "packed": collate_packed([[examples[0], examples[1], examples[3]], [examples[2]]],
+                                     64, rows)}
+
+
+def _assert_same(results: dict, close: dict) -> None:
+    (loss, metrics, grads), (plain_loss, plain_metrics, plain_grads) = \
+        results["packed"], results["unpacked"]
+    torch.testing.assert_close(loss, plain_loss, **close)
+    for key in plain_metrics:
+        torch.testing.assert_close(metrics[key], plain_metrics[key], **close,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+    assert grads.keys() == plain_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], **close, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("features_from", ["online", "offline"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", PACKING)
+def test_a_packed_step_equals_the_unpacked_one(kind, attention, features_from):
+    target = tiny_target("llama", attn_implementation=attention).double()
+    spec = get_spec(kind)
+    config = spec.make_config(SETTINGS[kind])
+    torch.manual_seed(0)
+    drafter = spec.build(target.config, config).double()
+    drafter.init_from_target(target)
+    aux = spec.aux_layers(target.config.num_hidden_layers, config)
+    rows = (lambda *a, **k: spec.collate_rows(config, 0, *a, **k)) if spec.collate_rows else None
+    results = {}
+    for name, batch in _layouts(rows).items():
+        online = target_features(target, batch["input_ids"], batch["attention_mask"],
+                                 batch["loss_mask"], aux, batch["next_trained"],
+                                 {k[len("kind_rows."):]: v for k, v in batch.items()
+                                  if k.startswith("kind_rows.")},
+                                 batch.get("document_ids"), batch.get("position_ids"))
+        if features_from == "offline":  # the cache's per-token states, laid out as the collate
+            keys = [hidden_key(i + 1) for i in aux] + [hidden_key(4)]
+            states = dict(zip(keys, [*online.aux_hidden, online.last_hidden], strict=True))
+            features = cached_features({**batch, **states}, target.get_output_embeddings(),
+                                       aux, 4)
+        else:
+            features = online
+        results[name] = _step(drafter, spec, features)
+    # transformers' eager attention takes its softmax in float32: equal to that rounding there
+    _assert_same(results, dict(rtol=1e-10, atol=1e-12) if attention == "sdpa"
+                 else dict(rtol=1e-5, atol=1e-8))
+
+
+def test_a_packed_medusa2_step_equals_the_unpacked_one():
+    from draftsmith.train.joint import medusa2_loss, wrap_with_lora
+
+    target = tiny_target("llama").double()
+    spec = get_spec("medusa")
+    config = spec.make_config({"num_heads": 2, "lora": True})
+    torch.manual_seed(0)
+    heads = spec.build(target.config, config).double()
+    heads.init_from_target(target)
+    joint = wrap_with_lora(target, config).double()
+    for parameter in joint.parameters():  # LoRA's B starts at zero: give the adapters a say
+        if parameter.requires_grad:
+            parameter.data.normal_(0, 0.05)
+    results = {}
+    for name, batch in _layouts().items():
+        heads.zero_grad(set_to_none=True)
+        joint.zero_grad(set_to_none=True)
+        loss, metrics = medusa2_loss(heads, joint, batch)
+        loss.backward()
+        grads = {n: p.grad.clone() for module in (heads, joint)
+                 for n, p in module.named_parameters() if p.grad is not None}
+        results[name] = (loss.detach(), metrics, grads)
+    _assert_same(results, dict(rtol=1e-10, atol=1e-12))
+
+
+def test_the_packed_target_states_equal_each_conversation_alone():
+    target = tiny_target("qwen2").double()
+    examples = _examples()
+    batch = collate_packed([examples[:3]], 64)
+    packed = target_features(target, batch["input_ids"], batch["attention_mask"],
+                             batch["loss_mask"], [1], None, None, batch["document_ids"],
+                             batch["position_ids"])
+    start = 0
+    for example in examples[:3]:
+        alone = target(torch.tensor([example["input_ids"]]), output_hidden_states=True)
+        n = len(example["input_ids"])
+        torch.testing.assert_close(packed.last_hidden[0, start:start + n],
+                                   alone.hidden_states[-1][0], rtol=1e-10, atol=1e-10)
+        start += n
+
+
+def test_kinds_that_do_not_pack_are_refused_by_name():
+    packing = [k for k, s in DRAFTERS.items() if s.packs]
+    assert packing == ["medusa", "eagle1", "eagle3", "mtp"]
+    with pytest.raises(DraftsmithError, match=r"train.batching=packed.*dflash.*tokens"):
+        build_recipe({"target": {"name": "smollm2-135m-instruct"},
+                      "drafter": {"kind": "dflash"}, "train": {"batching": "packed"}})
+    recipe = build_recipe({"target": {"name": "smollm2-135m-instruct"},
+                           "drafter": {"kind": "eagle3"}, "train": {"batching": "packed"}})
+    assert recipe.train.batching == "packed"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tiny_cache(tmp_path_factory.mktemp("cache"))
+
+
+def documents_of(batches) -> list[tuple]:
+    """Each document of packed batches, as its real tokens, batch by batch."""
+    found = []
+    for b in batches:
+        for ids, docs in zip(b["input_ids"], b["document_ids"], strict=True):
+            found += [tuple(ids[docs == d].tolist()) for d in range(1, int(docs.max()) + 1)]
+    return found
+
+
+def test_in_memory_packed_batches_hold_every_example_once_split_and_resume():
+    from tests.train.test_batching import batches_of, example_rows
+
+    data = example_rows()
+    one = batches_of(data, batching="packed", batch_tokens=32)  # 2 rows of 16 a batch
+    batches = list(one.train_batches(0))
+    assert len(batches) == one.epoch_length(0)
+    assert all(b["input_ids"].shape[0] <= 2 and b["input_ids"].shape[1] <= 16 for b in batches)
+    assert sorted(documents_of(batches)) == sorted(tuple(e["input_ids"][:16])
+                                                   for e in one.train_set)
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    assert real / sum(b["input_ids"].numel() for b in batches) > 0.9
+    assert documents_of(one.train_batches(0, 2)) == documents_of(batches[2:])
+    ranks = [batches_of(data, world=2, rank=r, batching="packed", batch_tokens=32)
+             for r in range(2)]
+    wide = list(batches_of(data, batching="packed", batch_tokens=64).train_batches(0))
+    for whole, first, second in zip(wide, *(r.train_batches(0) for r in ranks), strict=True):
+        assert torch.equal(first["input_ids"], whole["input_ids"][0::2, :first["input_ids"]
+                                                                     .shape[1]])
+        assert torch.equal(second["document_ids"], whole["document_ids"][1::2, :second[
+            "document_ids"].shape[1]])
+
+
+def test_the_cache_streams_packed_batches_of_every_training_sample(cache):
+    one = stream(cache, batching="packed", batch_tokens=128)  # 2 rows of 64
+    held = set(ids_of(one.eval_batches()))
+    batches = list(one.train_batches(0))
+    assert len(batches) == one.epoch_length(0)
+    firsts = sorted(d[0] - 2 for d in documents_of(batches))
+    assert firsts == sorted(set(range(40)) - held)
+    assert all(b["input_ids"].shape[0] <= 2 for b in batches)
+    for b in batches:  # the cached states move with their tokens
+        assert b["hidden_states.4"].shape[:2] == b["input_ids"].shape
+    assert documents_of(one.train_batches(0, 1)) == documents_of(batches[1:])
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+@pytest.mark.parametrize("features", ["online", "offline"])
+def test_eagle3_trains_on_packed_batches(features, cache, tmp_path):
+    import json
+
+    from draftsmith.train.loop import run_training
+    from tests.train.test_loop import examples
+
+    target = tiny_target("llama")
+    recipe = build_recipe({"drafter": {"kind": "eagle3", "draft_vocab_size": 128,
+                                       "ttt_steps": 2},
+                           "train": {"batch_size": 2, "max_length": 64, "max_steps": 4,
+                                     "warmup_steps": 1, "lr": 1e-3, "eval_fraction": 0.2,
+                                     "batching": "packed", "mixed_precision": "no",
+                                     "features": features, "output_dir": str(tmp_path)}})
+    data = examples() if features == "online" else stream(
+        cache, batch_size=2, batching="packed", batch_tokens=recipe.train.token_budget)
+    out = run_training(recipe, data, target=target)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert max(r["tokens"] for r in steps) > 64  # rows of 64 holding several conversations
+    assert (out / "model.safetensors").is_file()
