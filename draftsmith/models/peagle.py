@@ -166,7 +166,8 @@ class PEagleDrafter(Eagle3Drafter):
 
 
 def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
-                generator: torch.Generator | None = None) -> list[torch.Tensor]:
+                generator: torch.Generator | None = None,
+                documents: torch.Tensor | None = None) -> list[torch.Tensor]:
     """COD sampling: the anchors each depth trains, (B, T) bool each.
 
     Depth 0: every trained position (`valid[0]`). Depth d: a uniform random subset of depth
@@ -177,7 +178,11 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
     Args:
         valid: (B, T) bool per depth, where that depth's label is trained (`eagle3.label_valid`).
         generator: the draw's random source (the collate's, seeded by the batch).
+        documents: (B, T) document ids of packed rows (`train/packing.py`): each document is a
+            sequence of its own (its own count, drawn among its own anchors); None = rows.
     """
+    if documents is not None:
+        return _cod_anchors_by_document(valid, ratio, min_ratio, generator, documents)
     seeds = valid[0].sum(1)
     chosen = [valid[0]]
     for depth in range(1, len(valid)):
@@ -187,6 +192,30 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
         scores = torch.rand(eligible.shape, device=eligible.device, generator=generator)
         rank = scores.masked_fill(~eligible, -1.0).argsort(1, descending=True).argsort(1)
         chosen.append(eligible & (rank < count[:, None]))
+    return chosen
+
+
+def _cod_anchors_by_document(valid: list[torch.Tensor], ratio: float, min_ratio: float,
+                             generator: torch.Generator | None, documents: torch.Tensor
+                             ) -> list[torch.Tensor]:
+    """`cod_anchors` with every (row, document) of packed rows a sequence of its own."""
+    b, t = documents.shape
+    group = (torch.arange(b, device=documents.device)[:, None] * (t + 1) + documents).flatten()
+    groups = b * (t + 1)
+    sizes = torch.bincount(group, minlength=groups)
+    starts = sizes.cumsum(0) - sizes
+    seeds = torch.zeros(groups, dtype=torch.long, device=documents.device).index_add_(
+        0, group, valid[0].flatten().long())
+    chosen = [valid[0]]
+    for depth in range(1, len(valid)):
+        eligible = chosen[-1] & valid[depth]
+        fraction = max(ratio ** depth, min_ratio)
+        count = ((seeds - depth).clamp_min(0).double() * fraction).floor().long()
+        scores = torch.rand(eligible.shape, device=eligible.device, generator=generator)
+        # by group, then by score, highest first: a position's rank within its document
+        key = group.double() * 4 - scores.masked_fill(~eligible, -1.0).flatten().double()
+        rank = key.argsort().argsort() - starts[group]
+        chosen.append(eligible & (rank < count[group]).view(b, t))
     return chosen
 
 
@@ -207,19 +236,21 @@ def cod_rows(attention_mask: torch.Tensor, anchors: list[torch.Tensor]) -> dict[
 
 
 def collate_cod_rows(config: PEagleConfig, seed: int, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, loss_mask: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+                     attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                     documents: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """A batch's COD draw and its rows (`cod_rows`), made by the collate on the host. The draw
-    is seeded by the batch's tokens and `seed`, so a resumed run draws what the first did."""
-    valid = label_valid(loss_mask, config.num_depths)
+    is seeded by the batch's tokens and `seed`, so a resumed run draws what the first did;
+    `documents`: a packed batch's (`train/packing.py`)."""
+    valid = label_valid(loss_mask, config.num_depths, documents)
     generator = batch_generator(seed, input_ids, attention_mask, loss_mask)
     return cod_rows(attention_mask, cod_anchors(valid, config.cod_ratio, config.cod_min_ratio,
-                                                generator))
+                                                generator, documents))
 
 
 def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
-                target_logits_after: TargetLogits, rows: dict[str, torch.Tensor] | None = None
+                target_logits_after: TargetLogits, rows: dict[str, torch.Tensor] | None = None,
+                documents: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """P-EAGLE's loss over COD-sampled parallel slots.
 
@@ -236,6 +267,8 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
         target_logits_after: the target's logits at trained positions (see layers.TargetLogits).
         rows: the collate's COD draw (`collate_cod_rows`); None = drawn here from the global RNG
             (host reads on a GPU: evaluation and tests).
+        documents, position_ids: (B, T) of packed rows (`train/packing.py`): attention, labels
+            and the draw stay within a document, each at its own positions; None = one per row.
 
     Returns:
         (loss, metrics) with `acc_{d}` (top-1 agreement with the target over depth d's sampled
@@ -244,8 +277,9 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
     cfg = drafter.config
     b, t = input_ids.shape
     if rows is None:
-        valid = label_valid(loss_mask, cfg.num_depths)
-        rows = cod_rows(attention_mask, cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio))
+        valid = label_valid(loss_mask, cfg.num_depths, documents)
+        rows = cod_rows(attention_mask, cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio,
+                                                    documents=documents))
     draft_ids = drafter.draft_ids()
     teacher = restrict_target_logits_at(target_logits_after, draft_ids)
     weights = [cfg.step_weight ** d for d in range(cfg.num_depths)] \
@@ -253,7 +287,8 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,
                             input_ids.device)
     metrics: dict[str, torch.Tensor] = {}
-    for d, out in depth_states(drafter, input_ids, aux_hidden, rows, cfg.num_depths):
+    for d, out in depth_states(drafter, input_ids, aux_hidden, rows, cfg.num_depths, documents,
+                               position_ids):
         anchors = rows[f"anchors.{d}"]  # (m,) flat anchor positions
         states = out[rows["scored"]] if d == 0 else out
         with torch.no_grad():  # the target after position a + d + 1 (token a + d + 2)
@@ -269,7 +304,8 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
 
 
 def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, aux_hidden: list[torch.Tensor],
-                 rows: dict[str, torch.Tensor], depths: int
+                 rows: dict[str, torch.Tensor], depths: int,
+                 documents: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
                  ) -> Iterator[tuple[int, torch.Tensor]]:
     """The training forward, one depth at a time, on packed rows (EAGLE-3's `step_rows`).
 
@@ -282,11 +318,13 @@ def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, aux_hidden: li
         aux_hidden: three (B, T, H) target layer outputs.
         rows: a COD draw's rows (`cod_rows`).
         depths: the depths to run (<= the draw's).
+        documents, position_ids: (B, T) of packed rows (`train/packing.py`), or None.
 
     Yields:
         (depth, the states of its rows (m, H), in the order of its rows).
     """
     b, t = input_ids.shape
+    positions = None if position_ids is None else position_ids.flatten()
     flat = rows["packed"]
     hidden = drafter.fuse([aux.flatten(0, 1)[flat] for aux in aux_hidden])  # (m, H)
     tokens = shift_left(input_ids, 1).flatten()[flat]
@@ -296,6 +334,7 @@ def depth_states(drafter: PEagleDrafter, input_ids: torch.Tensor, aux_hidden: li
             flat = rows[f"anchors.{d}"]
             tokens = input_ids.new_full(flat.shape, drafter.config.mask_token_id)
             hidden = drafter.mask_feature().expand(flat.shape[0], -1)
-        out, kv = drafter.step_rows(tokens, hidden, flat % t + d, flat, (b, t), cache)
+        at = (flat % t if positions is None else positions[flat]) + d
+        out, kv = drafter.step_rows(tokens, hidden, at, flat, (b, t), cache, documents)
         cache = [*cache, kv]
         yield d, out

@@ -71,15 +71,40 @@ def _step(drafter, spec, features):
 PACKING = [k for k, spec in DRAFTERS.items() if spec.packs]
 # EAGLE-1's feature noise draws by the batch's shape: off, so both layouts train the same
 SETTINGS = {"eagle3": {"draft_vocab_size": 96, "ttt_steps": 3}, "eagle1": {"feature_noise": 0.0},
-            "medusa": {"num_heads": 3}, "mtp": {"num_modules": 3}}
+            "medusa": {"num_heads": 3}, "mtp": {"num_modules": 3},
+            "peagle": {"draft_vocab_size": 96, "num_depths": 3, "cod_ratio": 0.7}}
+PACKED = [[0, 1, 3], [2]]  # the examples of each packed row
 
 
 def _layouts(rows=None) -> dict[str, dict]:
     """The four conversations one per row, and packed in two rows (three, then one)."""
     examples = _examples()
     return {"unpacked": collate(examples, 64, rows),
-            "packed": collate_packed([[examples[0], examples[1], examples[3]], [examples[2]]],
-                                     64, rows)}
+            "packed": collate_packed([[examples[i] for i in row] for row in PACKED], 64, rows)}
+
+
+def _same_draw(unpacked: dict, packed: dict) -> None:
+    """Give the packed batch P-EAGLE's COD draw of the unpacked one, each anchor moved to where
+    its token sits in the packed rows (the draws of two layouts differ)."""
+    from draftsmith.models.peagle import cod_rows
+
+    t, (_, t_packed) = unpacked["input_ids"].shape[1], packed["input_ids"].shape
+    where = {}  # unpacked flat position -> packed flat position
+    for row, examples in enumerate(PACKED):
+        start = 0
+        for example in examples:
+            n = int(unpacked["attention_mask"][example].sum())
+            for i in range(n):
+                where[example * t + i] = row * t_packed + start + i
+            start += n
+    depths = sum(1 for k in unpacked if k.startswith("kind_rows.anchors."))
+    anchors = []
+    for d in range(depths):
+        moved = torch.zeros(packed["input_ids"].numel(), dtype=torch.bool)
+        moved[[where[int(a)] for a in unpacked[f"kind_rows.anchors.{d}"]]] = True
+        anchors.append(moved.view_as(packed["input_ids"]))
+    packed.update({f"kind_rows.{k}": v for k, v in
+                   cod_rows(packed["attention_mask"], anchors).items()})
 
 
 def _assert_same(results: dict, close: dict) -> None:
@@ -106,8 +131,10 @@ def test_a_packed_step_equals_the_unpacked_one(kind, attention, features_from):
     drafter.init_from_target(target)
     aux = spec.aux_layers(target.config.num_hidden_layers, config)
     rows = (lambda *a, **k: spec.collate_rows(config, 0, *a, **k)) if spec.collate_rows else None
-    results = {}
-    for name, batch in _layouts(rows).items():
+    results, layouts = {}, _layouts(rows)
+    if kind == "peagle":
+        _same_draw(layouts["unpacked"], layouts["packed"])
+    for name, batch in layouts.items():
         online = target_features(target, batch["input_ids"], batch["attention_mask"],
                                  batch["loss_mask"], aux, batch["next_trained"],
                                  {k[len("kind_rows."):]: v for k, v in batch.items()
@@ -169,7 +196,7 @@ def test_the_packed_target_states_equal_each_conversation_alone():
 
 def test_kinds_that_do_not_pack_are_refused_by_name():
     packing = [k for k, s in DRAFTERS.items() if s.packs]
-    assert packing == ["medusa", "eagle1", "eagle3", "mtp"]
+    assert packing == ["medusa", "eagle1", "eagle3", "peagle", "mtp"]
     with pytest.raises(DraftsmithError, match=r"train.batching=packed.*dflash.*tokens"):
         build_recipe({"target": {"name": "smollm2-135m-instruct"},
                       "drafter": {"kind": "dflash"}, "train": {"batching": "packed"}})
@@ -251,3 +278,22 @@ def test_eagle3_trains_on_packed_batches(features, cache, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert max(r["tokens"] for r in steps) > 64  # rows of 64 holding several conversations
     assert (out / "model.safetensors").is_file()
+
+
+def test_the_cod_draw_of_packed_rows_counts_each_document_as_a_sequence():
+    from draftsmith.models.eagle3 import label_valid
+    from draftsmith.models.peagle import cod_anchors
+
+    examples = _examples()
+    batch = collate_packed([examples], 64)
+    valid = label_valid(batch["loss_mask"], 3, batch["document_ids"])
+    anchors = cod_anchors(valid, 0.5, 0.1, torch.Generator().manual_seed(0),
+                          batch["document_ids"])
+    documents = batch["document_ids"][0]
+    for d in range(1, 3):
+        assert not (anchors[d] & ~anchors[d - 1]).any()  # each set holds the next
+        for doc in range(1, len(examples) + 1):
+            seeds = int(valid[0][0][documents == doc].sum())
+            expected = int((max(seeds - d, 0)) * max(0.5 ** d, 0.1))
+            eligible = int((anchors[d - 1] & valid[d])[0][documents == doc].sum())
+            assert int(anchors[d][0][documents == doc].sum()) == min(expected, eligible)
