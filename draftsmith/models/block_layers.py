@@ -137,7 +137,8 @@ class BlockDecoderLayer(nn.Module):
 
     def train_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: KV,
                      anchors: torch.Tensor, block_size: int, recompute: bool,
-                     reach: tuple[int, ...] | None = None) -> torch.Tensor:
+                     reach: tuple[int, ...] | None = None,
+                     starts: torch.Tensor | None = None) -> torch.Tensor:
         """Many blocks per sequence at training time.
 
         Block j of sequence b (its B rows at h[b, j*B:(j+1)*B]) sees the context keys at
@@ -156,6 +157,8 @@ class BlockDecoderLayer(nn.Module):
             recompute: checkpoint each chunk (training with gradients).
             reach: per block column the furthest anchor of any row, counted on the host; None =
                 each chunk reads its furthest anchor from `anchors` (a host read on a GPU).
+            starts: (Bt, N) where each anchor's document starts in packed rows
+                (`train/packing.py`): its block sees the context keys from there; None = 0.
         """
         x = self.input_layernorm(h)
         attn = self.self_attn
@@ -170,7 +173,8 @@ class BlockDecoderLayer(nn.Module):
             last = min(first + chunk, n_blocks)
             cut = int(anchors[:, first:last].max()) if reach is None else reach[last - 1]
             args = (q[:, :, rows], k[:, :, rows], v[:, :, rows], context[0][:, :, :cut],
-                    context[1][:, :, :cut], anchors[:, first:last])
+                    context[1][:, :, :cut], anchors[:, first:last],
+                    None if starts is None else starts[:, first:last])
             if recompute:
                 outputs.append(checkpoint(self._attend_chunk, *args, use_reentrant=False))
             else:
@@ -178,12 +182,12 @@ class BlockDecoderLayer(nn.Module):
         h = h + attn.output(torch.cat(outputs, dim=2))
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def _attend_chunk(self, q, k, v, context_k, context_v, anchors):
+    def _attend_chunk(self, q, k, v, context_k, context_v, anchors, starts=None):
         """Attention of a chunk of c blocks: q (Bt, nh, c*B, hd), the blocks' keys and values
         (Bt, nkv, c*B, hd), the context's up to the chunk's furthest anchor (Bt, nkv, reach, hd)
-        (no block of the chunk sees further), anchors (Bt, c). Each row's scores are [its visible
-        context keys, its own block's B keys], softmaxed together in float32. Returns
-        (Bt, nh, c*B, hd)."""
+        (no block of the chunk sees further), anchors (Bt, c) and their documents' starts (Bt, c)
+        or None. Each row's scores are [its visible context keys, its own block's B keys],
+        softmaxed together in float32. Returns (Bt, nh, c*B, hd)."""
         attn = self.self_attn
         bt, nh, rows, hd = q.shape
         nkv, c = attn.num_kv_heads, anchors.shape[1]
@@ -191,8 +195,10 @@ class BlockDecoderLayer(nn.Module):
         reach = context_k.shape[2]
         q = q.reshape(bt, nkv, nh // nkv, rows, hd) * hd ** -0.5
         scores_context = torch.einsum("bkgrd,bksd->bkgrs", q, context_k).float()
-        hidden = torch.arange(reach, device=q.device)[None, :] >= \
-            anchors.repeat_interleave(block, dim=1)[:, :, None]  # (Bt, c*B, reach)
+        keys = torch.arange(reach, device=q.device)[None, None, :]
+        hidden = keys >= anchors.repeat_interleave(block, dim=1)[:, :, None]  # (Bt, c*B, reach)
+        if starts is not None:  # packed rows: nothing before the anchor's document
+            hidden = hidden | (keys < starts.repeat_interleave(block, dim=1)[:, :, None])
         scores_context = scores_context.masked_fill(hidden[:, None, None], float("-inf"))
         q_blocks = q.reshape(bt, nkv, nh // nkv, c, block, hd)
         k_blocks = k.reshape(bt, nkv, c, block, hd)

@@ -10,32 +10,54 @@ import torch
 from draftsmith.models.dflash import DFlashDrafter, default_gamma
 from draftsmith.models.layers import batch_generator
 from draftsmith.models.losses import row_argmax
+from draftsmith.models.masks import document_positions
 
 
 def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: torch.Generator | None = None, documents: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to `count` anchors per sequence, uniformly without replacement among positions i whose
     token and next token are both trained (`loss_mask[i] & loss_mask[i+1]`, as SpecForge and
-    DeepSpec), sorted.
+    DeepSpec), sorted. `documents`: packed rows' (`train/packing.py`), each document a sequence
+    of its own (up to `count` each, its next token in the same document).
 
     Returns:
-        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row);
-        a row with fewer valid positions repeats its last anchor, marked invalid.
+        (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row)
+        (packed: the most any row keeps); a row with fewer repeats its last anchor, marked
+        invalid.
     """
     trained = (loss_mask > 0) & (attention_mask > 0)
     valid = trained.clone()
     valid[:, :-1] &= trained[:, 1:]
     valid[:, -1] = False
-    n = max(1, min(count, int(valid.sum(1).max())))
     noise = torch.rand(valid.shape, device=valid.device, generator=generator)
     noise = noise.masked_fill(~valid, 2.0)  # invalid positions sort last
-    picked = noise.topk(n, dim=1, largest=False).indices
+    if documents is None:
+        n = max(1, min(count, int(valid.sum(1).max())))
+        picked = noise.topk(n, dim=1, largest=False).indices
+    else:
+        valid[:, :-1] &= documents[:, 1:] == documents[:, :-1]
+        picked = _draw_per_document(valid, noise.masked_fill(~valid, 2.0), count, documents)
     ok = valid.gather(1, picked)
     position = torch.where(ok, picked, torch.full_like(picked, -1))
     order = torch.sort(torch.where(ok, position, position.new_full((), 1 << 40)), dim=1)
     anchors, ok = order.values, ok.gather(1, order.indices)
     fallback = torch.where(ok, anchors, anchors.new_zeros(())).amax(1, keepdim=True)
     return torch.where(ok, anchors, fallback), ok
+
+
+def _draw_per_document(valid: torch.Tensor, noise: torch.Tensor, count: int,
+                       documents: torch.Tensor) -> torch.Tensor:
+    """The positions of each row whose noise ranks below `count` in its document, lowest
+    first; (Bt, n) with n the most any row keeps (at least 1), rows filled with invalid ones."""
+    b, t = documents.shape
+    group = (torch.arange(b, device=documents.device)[:, None] * (t + 1) + documents).flatten()
+    sizes = torch.bincount(group, minlength=b * (t + 1))
+    starts = sizes.cumsum(0) - sizes
+    rank = (group.double() * 4 + noise.flatten().double()).argsort().argsort() - starts[group]
+    keep = valid & (rank < count).view(b, t)
+    n = max(1, int(keep.sum(1).max()))
+    return noise.masked_fill(~keep, 3.0).topk(n, dim=1, largest=False).indices
 
 
 def block_trained(loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
@@ -53,29 +75,42 @@ def block_trained(loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.T
 
 
 def block_plan(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: int,
-               proposals: int, generator: torch.Generator | None = None) -> dict:
+               proposals: int, generator: torch.Generator | None = None,
+               documents: torch.Tensor | None = None) -> dict:
     """The blocks a batch trains and their rows, counted where the masks live (the collate runs
     this on the host, so the step reads none from the device): `anchors` (Bt, N) and `trained`
     (Bt, N, P) as `draw_anchors` and `block_trained` make them, `selected` (m,) the flat
     (Bt * N * P) index of the trained proposals, and `reach`, per block column the furthest
     anchor of any row as a tuple of ints (rows are sorted, so a chunk of columns reads the
-    context up to its last column's: no device read to cut it)."""
-    anchors, valid = draw_anchors(loss_mask, attention_mask, count, generator)
+    context up to its last column's: no device read to cut it). Packed rows (`documents`) also
+    get `starts` (Bt, N), where each anchor's document starts: its block sees context from
+    there."""
+    anchors, valid = draw_anchors(loss_mask, attention_mask, count, generator, documents)
+    return plan_blocks(loss_mask, anchors, valid, proposals, documents)
+
+
+def plan_blocks(loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
+                proposals: int, documents: torch.Tensor | None = None) -> dict:
+    """`block_plan` for given anchors (Bt, N) sorted and their validity (Bt, N)."""
     trained = block_trained(loss_mask, anchors, valid, proposals)
-    return {"anchors": anchors, "trained": trained,
+    plan = {"anchors": anchors, "trained": trained,
             "selected": trained.flatten().nonzero().squeeze(1),
             "reach": tuple(int(a) for a in anchors.amax(0))}
+    if documents is not None:
+        plan["starts"] = anchors - document_positions(documents).gather(1, anchors)
+    return plan
 
 
 def collate_block_rows(config, seed: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       loss_mask: torch.Tensor, label_shift: int = 0) -> dict:
+                       loss_mask: torch.Tensor, label_shift: int = 0,
+                       documents: torch.Tensor | None = None) -> dict:
     """A batch's `block_plan`, made by the training collate on the host (registry
     `collate_rows`): the anchors drawn with a generator seeded by the batch's tokens and `seed`,
     so a resumed run draws what the first did. `label_shift`: 0 for DFlash (B-1 proposals a
-    block), 1 for DSpark (B)."""
+    block), 1 for DSpark (B); `documents`: a packed batch's (`train/packing.py`)."""
     return block_plan(loss_mask, attention_mask, config.anchors_per_sequence,
                       config.block_size - 1 + label_shift,
-                      batch_generator(seed, input_ids, attention_mask, loss_mask))
+                      batch_generator(seed, input_ids, attention_mask, loss_mask), documents)
 
 
 def training_blocks(drafter: DFlashDrafter, features) -> dict:
@@ -86,7 +121,8 @@ def training_blocks(drafter: DFlashDrafter, features) -> dict:
     generator = None if drafter.training else torch.Generator(
         features.input_ids.device).manual_seed(0)
     return block_plan(features.loss_mask, features.attention_mask,
-                      drafter.config.anchors_per_sequence, drafter.proposals, generator)
+                      drafter.config.anchors_per_sequence, drafter.proposals, generator,
+                      features.document_ids)
 
 
 def scatter_trained(values: torch.Tensor, plan: dict) -> torch.Tensor:
@@ -137,7 +173,7 @@ def dflash_loss(drafter: DFlashDrafter, features) -> tuple[torch.Tensor, dict[st
     cfg = drafter.config
     plan = training_blocks(drafter, features)
     anchors, trained, selected = plan["anchors"], plan["trained"], plan["selected"]
-    hidden = drafter.train_hidden(features, anchors, plan["reach"])[:, :, 1 - drafter.label_shift:]
+    hidden = drafter.train_hidden(features, anchors, plan["reach"], plan.get("starts"))[:, :, 1 - drafter.label_shift:]
     rows = hidden.flatten(0, 2)[selected]  # (m, H)
     batch_index = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None].expand(
         trained.shape).flatten()[selected]

@@ -213,7 +213,8 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         (SmolLM2 layer 27: |h| up to ~2.5e4 in one dimension against an RMS of ~130), so a random
         `fc` fuses nearly the same vector everywhere (mean pairwise cosine 0.77) and training sits
         on the unigram plateau. A dimension is massive where its RMS over the batch exceeds 20x the
-        layer's median RMS per dimension. The first position of each sequence (special in most targets) is left out.
+        layer's median RMS per dimension. The first position of each sequence (special in most
+        targets; of each document of packed rows) is left out.
 
         Args:
             features: one training batch's `Features` (its `aux_hidden` are the fused layers).
@@ -225,6 +226,8 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         """
         valid = features.attention_mask.bool().clone()
         valid[:, 0] = False
+        if features.position_ids is not None:  # packed rows: every document's first position
+            valid &= features.position_ids > 0
         blocks = []
         for hidden in features.aux_hidden:
             rows = hidden[valid].float()
@@ -295,21 +298,28 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         return full
 
     def train_hidden(self, features, anchors: torch.Tensor,
-                     reach: tuple[int, ...] | None = None) -> torch.Tensor:
+                     reach: tuple[int, ...] | None = None,
+                     starts: torch.Tensor | None = None) -> torch.Tensor:
         """Every block's normed hidden states at training time: anchors (Bt, N) sorted ->
         (Bt, N, B, H). `reach`: per block column the furthest anchor of any row, counted on the
-        host (`block_loss.block_plan`); None = read from `anchors` per attention chunk."""
+        host (`block_loss.block_plan`); None = read from `anchors` per attention chunk.
+        `starts`: packed rows' (`train/packing.py`) document start of each anchor, whose block
+        sees context from there, at the positions of `features.position_ids`."""
         context = self.fuse(features.aux_hidden)  # (Bt, S, H)
         bt, s = context.shape[:2]
         device = context.device
-        positions = torch.arange(s, device=device).expand(bt, s)
+        positions = features.position_ids
+        if positions is None:
+            positions = torch.arange(s, device=device).expand(bt, s)
         cos, sin = self.rotary(context, positions)
         tokens = self.block_tokens(features.input_ids.gather(1, anchors))  # (Bt, N, B)
         h = self.embed_tokens(tokens.flatten(1)).to(context.dtype)  # (Bt, N*B, H)
-        block_positions = (anchors[..., None] + torch.arange(self.block_size, device=device))
+        block_positions = (positions.gather(1, anchors)[..., None]
+                           + torch.arange(self.block_size, device=device))
         block_cos, block_sin = self.rotary(h, block_positions.flatten(1))
         for layer in self.layers:
             kv = layer.context_kv(context, cos, sin)
             h = layer.train_blocks(h, block_cos, block_sin, kv, anchors, self.block_size,
-                                   recompute=torch.is_grad_enabled(), reach=reach)
+                                   recompute=torch.is_grad_enabled(), reach=reach,
+                                   starts=starts)
         return self.norm(h).view(bt, anchors.shape[1], self.block_size, -1)

@@ -115,7 +115,8 @@ def dspark_loss(drafter: DSparkDrafter, features) -> tuple[torch.Tensor, dict[st
     cfg = drafter.config
     plan = training_blocks(drafter, features)
     anchors, trained, selected = plan["anchors"], plan["trained"], plan["selected"]
-    hidden = drafter.train_hidden(features, anchors, plan["reach"])  # (Bt, N, B, H): all propose
+    # (Bt, N, B, H): every row proposes
+    hidden = drafter.train_hidden(features, anchors, plan["reach"], plan.get("starts"))
     bt = anchors.shape[0]
     batch_index = torch.arange(bt, device=anchors.device)[:, None, None].expand(
         trained.shape).flatten()[selected]

@@ -18,3 +18,13 @@ def document_causal_mask(documents: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(t, t, dtype=torch.bool, device=documents.device).tril()
     eye = torch.eye(t, dtype=torch.bool, device=documents.device)
     return ((same & causal) | eye)[:, None]
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(B, T) each token's position in its document of packed rows (0 at each document's first
+    token; a row's padding counts on from 0 where it starts), as the collate lays them out."""
+    t = documents.shape[1]
+    index = torch.arange(t, device=documents.device).expand_as(documents)
+    first = torch.ones_like(documents, dtype=torch.bool)
+    first[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(first, index, 0).cummax(1).values

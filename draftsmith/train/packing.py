@@ -10,8 +10,10 @@ gradients are those of the same conversations in their own rows (tests/train/tes
 holds that in float64). Each document's first token gets loss weight 0: in its own row nothing
 precedes it, so no position is trained to predict it there either.
 
-Kinds whose losses know documents say so in the registry (`DrafterSpec.packs`); the recipe refuses
-`packed` for the others.
+Every kind's loss knows documents (the target's forward, the drafters' attention and the block
+drafters' context by mask and positions; labels, P-EAGLE's COD draw and the block drafters'
+anchors per document); a kind says so in the registry (`DrafterSpec.packs`), and the recipe
+refuses `packed` for one that does not.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class TrainSection:
             any number of rows: padding 1.7% against 26% on the quickstart's
             conversations, benchmarks/train_step/loop-throughput.md), `packed` (conversations
             back to back in rows of max_length, batch_tokens // max_length rows a batch, each
-            attending within itself: `train/packing.py`; EAGLE-3 so far) or `rows` (batch_size
+            attending within itself: `train/packing.py`) or `rows` (batch_size
             sequences paired at random, right-padded to the longest).
         batch_tokens: `batching: tokens` or `packed`: padded tokens per process per
             micro-step; null = batch_size x max_length.

@@ -72,7 +72,10 @@ PACKING = [k for k, spec in DRAFTERS.items() if spec.packs]
 # EAGLE-1's feature noise draws by the batch's shape: off, so both layouts train the same
 SETTINGS = {"eagle3": {"draft_vocab_size": 96, "ttt_steps": 3}, "eagle1": {"feature_noise": 0.0},
             "medusa": {"num_heads": 3}, "mtp": {"num_modules": 3},
-            "peagle": {"draft_vocab_size": 96, "num_depths": 3, "cod_ratio": 0.7}}
+            "peagle": {"draft_vocab_size": 96, "num_depths": 3, "cod_ratio": 0.7},
+            "dflash": {"block_size": 4, "num_layers": 1, "anchors_per_sequence": 5},
+            "dspark": {"block_size": 3, "num_layers": 1, "anchors_per_sequence": 5,
+                       "markov_rank": 8}}
 PACKED = [[0, 1, 3], [2]]  # the examples of each packed row
 
 
@@ -83,13 +86,10 @@ def _layouts(rows=None) -> dict[str, dict]:
             "packed": collate_packed([[examples[i] for i in row] for row in PACKED], 64, rows)}
 
 
-def _same_draw(unpacked: dict, packed: dict) -> None:
-    """Give the packed batch P-EAGLE's COD draw of the unpacked one, each anchor moved to where
-    its token sits in the packed rows (the draws of two layouts differ)."""
-    from draftsmith.models.peagle import cod_rows
-
+def _moved(unpacked: dict, packed: dict) -> dict[int, int]:
+    """Unpacked flat position -> packed flat position of the same token."""
     t, (_, t_packed) = unpacked["input_ids"].shape[1], packed["input_ids"].shape
-    where = {}  # unpacked flat position -> packed flat position
+    where = {}
     for row, examples in enumerate(PACKED):
         start = 0
         for example in examples:
@@ -97,6 +97,33 @@ def _same_draw(unpacked: dict, packed: dict) -> None:
             for i in range(n):
                 where[example * t + i] = row * t_packed + start + i
             start += n
+    return where
+
+
+def _same_blocks(unpacked: dict, packed: dict, proposals: int) -> None:
+    """Give the packed batch the block drafters' anchors of the unpacked one, each moved to where
+    its token sits in the packed rows."""
+    from draftsmith.models.block_loss import plan_blocks
+
+    where, t = _moved(unpacked, packed), unpacked["input_ids"].shape[1]
+    t_packed = packed["input_ids"].shape[1]
+    valid = unpacked["kind_rows.trained"][..., 0]  # a drawn anchor trains its first proposal
+    rows = [sorted(where[e * t + int(a)] - r * t_packed for e in examples
+                   for a, ok in zip(unpacked["kind_rows.anchors"][e], valid[e], strict=True) if ok)
+            for r, examples in enumerate(PACKED)]
+    n = max(map(len, rows))
+    anchors = torch.tensor([row + [row[-1]] * (n - len(row)) for row in rows])
+    ok = torch.tensor([[True] * len(row) + [False] * (n - len(row)) for row in rows])
+    plan = plan_blocks(packed["loss_mask"], anchors, ok, proposals, packed["document_ids"])
+    packed.update({f"kind_rows.{k}": v for k, v in plan.items()})
+
+
+def _same_draw(unpacked: dict, packed: dict) -> None:
+    """Give the packed batch P-EAGLE's COD draw of the unpacked one, each anchor moved to where
+    its token sits in the packed rows (the draws of two layouts differ)."""
+    from draftsmith.models.peagle import cod_rows
+
+    where = _moved(unpacked, packed)
     depths = sum(1 for k in unpacked if k.startswith("kind_rows.anchors."))
     anchors = []
     for d in range(depths):
@@ -134,6 +161,8 @@ def test_a_packed_step_equals_the_unpacked_one(kind, attention, features_from):
     results, layouts = {}, _layouts(rows)
     if kind == "peagle":
         _same_draw(layouts["unpacked"], layouts["packed"])
+    if kind in ("dflash", "dspark"):
+        _same_blocks(layouts["unpacked"], layouts["packed"], drafter.proposals)
     for name, batch in layouts.items():
         online = target_features(target, batch["input_ids"], batch["attention_mask"],
                                  batch["loss_mask"], aux, batch["next_trained"],
@@ -148,9 +177,10 @@ def test_a_packed_step_equals_the_unpacked_one(kind, attention, features_from):
         else:
             features = online
         results[name] = _step(drafter, spec, features)
-    # transformers' eager attention takes its softmax in float32: equal to that rounding there
-    _assert_same(results, dict(rtol=1e-10, atol=1e-12) if attention == "sdpa"
-                 else dict(rtol=1e-5, atol=1e-8))
+    # transformers' eager attention takes its softmax in float32, and the block drafters their
+    # logits: equal to that rounding there
+    exact = attention == "sdpa" and kind not in ("dflash", "dspark")
+    _assert_same(results, dict(rtol=1e-10, atol=1e-12) if exact else dict(rtol=1e-5, atol=1e-8))
 
 
 def test_a_packed_medusa2_step_equals_the_unpacked_one():
@@ -194,15 +224,30 @@ def test_the_packed_target_states_equal_each_conversation_alone():
         start += n
 
 
-def test_kinds_that_do_not_pack_are_refused_by_name():
-    packing = [k for k, s in DRAFTERS.items() if s.packs]
-    assert packing == ["medusa", "eagle1", "eagle3", "peagle", "mtp"]
-    with pytest.raises(DraftsmithError, match=r"train.batching=packed.*dflash.*tokens"):
-        build_recipe({"target": {"name": "smollm2-135m-instruct"},
-                      "drafter": {"kind": "dflash"}, "train": {"batching": "packed"}})
+def test_every_kind_packs_and_a_kind_that_cannot_is_refused_by_name(monkeypatch):
+    from dataclasses import replace
+
+    import draftsmith.registry as registry
+
+    assert [k for k, s in DRAFTERS.items() if s.packs] == list(DRAFTERS)
     recipe = build_recipe({"target": {"name": "smollm2-135m-instruct"},
                            "drafter": {"kind": "eagle3"}, "train": {"batching": "packed"}})
     assert recipe.train.batching == "packed"
+    monkeypatch.setitem(registry.DRAFTERS, "mtp", replace(DRAFTERS["mtp"], packs=False))
+    with pytest.raises(DraftsmithError, match=r"train.batching=packed: the mtp loss does not "
+                                              r"yet keep.*use train.batching: tokens"):
+        build_recipe({"target": {"name": "smollm2-135m-instruct"},
+                      "drafter": {"kind": "mtp"}, "train": {"batching": "packed"}})
+
+
+def test_a_target_attention_without_a_4d_mask_is_refused_for_packed_rows():
+    from draftsmith.models.features import decoder_mask
+
+    target = tiny_target("llama")
+    batch = collate_packed([_examples()[:2]], 64)
+    target.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(DraftsmithError, match=r"'flash_attention_2'.*load the target with sdpa"):
+        decoder_mask(target, batch["attention_mask"], batch["document_ids"])
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +342,24 @@ def test_the_cod_draw_of_packed_rows_counts_each_document_as_a_sequence():
             expected = int((max(seeds - d, 0)) * max(0.5 ** d, 0.1))
             eligible = int((anchors[d - 1] & valid[d])[0][documents == doc].sum())
             assert int(anchors[d][0][documents == doc].sum()) == min(expected, eligible)
+
+
+def test_block_anchors_of_packed_rows_are_drawn_per_document():
+    from draftsmith.models.block_loss import block_plan
+
+    examples = _examples()
+    batch = collate_packed([examples], 64)
+    documents = batch["document_ids"]
+    plan = block_plan(batch["loss_mask"], batch["attention_mask"], 3, 2,
+                      torch.Generator().manual_seed(0), documents)
+    anchors, valid = plan["anchors"][0], plan["trained"][0, :, 0]
+    drawn = anchors[valid]
+    assert drawn.tolist() == sorted(drawn.tolist())
+    for doc in range(1, len(examples) + 1):
+        mine = drawn[documents[0, drawn] == doc]
+        assert 0 < len(mine) <= 3  # up to anchors_per_sequence in every document
+        assert (documents[0, mine + 1] == doc).all()  # the next token is its document's
+    starts = plan["starts"][0][valid]
+    assert (documents[0, starts] == documents[0, drawn]).all()
+    assert (starts == 0).any() and ((starts == 0) | (documents[0, starts - 1] !=
+                                                     documents[0, starts])).all()
