@@ -114,8 +114,9 @@ def child(args, overrides: list[str]) -> None:
 
 def padding(args, overrides: list[str], epochs: int = 3) -> dict:
     """Padding share of every batch of `epochs` epochs of the recipe's data, `rows` (random
-    pairs: the plan before token batches, unchanged) against `tokens`, in memory (online) and
-    streamed from the cache (offline); from the working tree's code, no training."""
+    pairs: the plan before token batches, unchanged) against `tokens` and `packed`, in memory
+    (online) and streamed from the cache (offline); from the working tree's code, no
+    training."""
     from types import SimpleNamespace
 
     from draftsmith.data.cache_reader import FeatureCache
@@ -130,7 +131,7 @@ def padding(args, overrides: list[str], epochs: int = 3) -> dict:
     cache = FeatureCache.open(out_dir / "cache")
     one = SimpleNamespace(num_processes=1, process_index=0, prepare=lambda loader: loader)
     shares = {}
-    for batching in ("rows", "tokens"):
+    for batching in ("rows", "tokens", "packed"):
         cfg = recipe.train.__class__(**{**recipe.train.__dict__, "batching": batching})
         sources = {"online": ExampleBatches(examples, cfg, one), "offline": CacheStream(
             cache, [], (), batch_size=cfg.batch_size, max_length=cfg.max_length, seed=cfg.seed,
