@@ -363,3 +363,29 @@ def test_block_anchors_of_packed_rows_are_drawn_per_document():
     assert (documents[0, starts] == documents[0, drawn]).all()
     assert (starts == 0).any() and ((starts == 0) | (documents[0, starts - 1] !=
                                                      documents[0, starts])).all()
+
+
+@pytest.mark.parametrize("kind", PACKING)
+def test_a_packed_drafter_step_reads_nothing_from_the_host(kind):
+    from tests.train.test_host_reads import HostReads
+
+    target = tiny_target("llama")
+    spec = get_spec(kind)
+    config = spec.make_config(SETTINGS[kind])
+    torch.manual_seed(0)
+    drafter = spec.build(target.config, config)
+    drafter.init_from_target(target)
+    rows = (lambda *a, **k: spec.collate_rows(config, 0, *a, **k)) if spec.collate_rows else None
+    batch = _layouts(rows)["packed"]  # the collate's work, on the host
+    features = target_features(target, batch["input_ids"], batch["attention_mask"],
+                               batch["loss_mask"],
+                               spec.aux_layers(target.config.num_hidden_layers, config),
+                               batch["next_trained"],
+                               {k[len("kind_rows."):]: v for k, v in batch.items()
+                                if k.startswith("kind_rows.")},
+                               batch["document_ids"], batch["position_ids"])
+    with HostReads() as reads:
+        loss, _ = spec.loss(drafter, features)
+        loss.backward()
+    assert sum(reads.counts.values()) == 0, f"{kind}: host reads: {dict(reads.counts)}"
+    assert torch.isfinite(loss)
