@@ -19,7 +19,8 @@ def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: i
     """Up to `count` anchors per sequence, uniformly without replacement among positions i whose
     token and next token are both trained (`loss_mask[i] & loss_mask[i+1]`, as SpecForge and
     DeepSpec), sorted. `documents`: packed rows' (`train/packing.py`), each document a sequence
-    of its own (up to `count` each, its next token in the same document).
+    of its own (up to `count` each, its next token in the same document; a document's first
+    token, whose loss weight the packed collate sets to 0, is never one: chat data trains none).
 
     Returns:
         (anchors (Bt, n) long, valid (Bt, n) bool) with n = min(count, most valid in a row)
@@ -37,7 +38,9 @@ def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: i
         picked = noise.topk(n, dim=1, largest=False).indices
     else:
         valid[:, :-1] &= documents[:, 1:] == documents[:, :-1]
-        picked = _draw_per_document(valid, noise.masked_fill(~valid, 2.0), count, documents)
+        valid = _draw_per_document(valid, noise.masked_fill(~valid, 2.0), count, documents)
+        n = max(1, int(valid.sum(1).max()))
+        picked = noise.masked_fill(~valid, 3.0).topk(n, dim=1, largest=False).indices
     ok = valid.gather(1, picked)
     position = torch.where(ok, picked, torch.full_like(picked, -1))
     order = torch.sort(torch.where(ok, position, position.new_full((), 1 << 40)), dim=1)
@@ -48,16 +51,13 @@ def draw_anchors(loss_mask: torch.Tensor, attention_mask: torch.Tensor, count: i
 
 def _draw_per_document(valid: torch.Tensor, noise: torch.Tensor, count: int,
                        documents: torch.Tensor) -> torch.Tensor:
-    """The positions of each row whose noise ranks below `count` in its document, lowest
-    first; (Bt, n) with n the most any row keeps (at least 1), rows filled with invalid ones."""
+    """(Bt, S) bool: the valid positions whose noise ranks below `count` in their document."""
     b, t = documents.shape
     group = (torch.arange(b, device=documents.device)[:, None] * (t + 1) + documents).flatten()
     sizes = torch.bincount(group, minlength=b * (t + 1))
     starts = sizes.cumsum(0) - sizes
     rank = (group.double() * 4 + noise.flatten().double()).argsort().argsort() - starts[group]
-    keep = valid & (rank < count).view(b, t)
-    n = max(1, int(keep.sum(1).max()))
-    return noise.masked_fill(~keep, 3.0).topk(n, dim=1, largest=False).indices
+    return valid & (rank < count).view(b, t)
 
 
 def block_trained(loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,

@@ -86,7 +86,7 @@ def decoder_mask(model, attention_mask: torch.Tensor, documents: torch.Tensor | 
         mask = document_causal_mask(documents)
         if sdpa:
             return mask
-        dtype = next(model.parameters()).dtype
+        dtype = model.dtype  # the compute dtype, also of a quantized model
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             ~mask, torch.finfo(dtype).min)
     if not sdpa:

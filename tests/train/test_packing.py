@@ -277,6 +277,8 @@ def test_in_memory_packed_batches_hold_every_example_once_split_and_resume():
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     assert real / sum(b["input_ids"].numel() for b in batches) > 0.9
     assert documents_of(one.train_batches(0, 2)) == documents_of(batches[2:])
+    fed = batches_of(data, batching="packed", batch_tokens=32, loader_workers=1)
+    assert documents_of(fed.train_batches(0)) == documents_of(batches)  # a worker process
     ranks = [batches_of(data, world=2, rank=r, batching="packed", batch_tokens=32)
              for r in range(2)]
     wide = list(batches_of(data, batching="packed", batch_tokens=64).train_batches(0))
@@ -295,9 +297,27 @@ def test_the_cache_streams_packed_batches_of_every_training_sample(cache):
     firsts = sorted(d[0] - 2 for d in documents_of(batches))
     assert firsts == sorted(set(range(40)) - held)
     assert all(b["input_ids"].shape[0] <= 2 for b in batches)
-    for b in batches:  # the cached states move with their tokens
-        assert b["hidden_states.4"].shape[:2] == b["input_ids"].shape
     assert documents_of(one.train_batches(0, 1)) == documents_of(batches[1:])
+    # every document's cached states and target choices are its own, where its tokens are
+    alone = {}
+    for b in stream(cache, batching="rows").train_batches(0):
+        for r in range(b["input_ids"].shape[0]):
+            n = int(b["attention_mask"][r].sum())
+            alone[int(b["input_ids"][r, 0])] = {k: b[k][r, :n] for k in
+                                                ("hidden_states.4", "hidden_states.2",
+                                                 "target_argmax", "loss_mask")}
+    checked = 0
+    for b in batches:
+        for r in range(b["input_ids"].shape[0]):
+            for d in range(1, int(b["document_ids"][r].max()) + 1):
+                at = b["document_ids"][r] == d
+                mine = alone[int(b["input_ids"][r][at][0])]
+                for key in ("hidden_states.4", "hidden_states.2", "target_argmax"):
+                    assert torch.equal(b[key][r][at], mine[key]), key
+                assert torch.equal(b["loss_mask"][r][at][1:], mine["loss_mask"][1:])
+                assert b["loss_mask"][r][at][0] == 0 and b["position_ids"][r][at][0] == 0
+                checked += 1
+    assert checked == len(firsts)
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
@@ -344,25 +364,28 @@ def test_the_cod_draw_of_packed_rows_counts_each_document_as_a_sequence():
             assert int(anchors[d][0][documents == doc].sum()) == min(expected, eligible)
 
 
-def test_block_anchors_of_packed_rows_are_drawn_per_document():
+@pytest.mark.parametrize("seed", range(5))
+def test_block_anchors_of_packed_rows_are_drawn_per_document(seed):
     from draftsmith.models.block_loss import block_plan
 
     examples = _examples()
-    batch = collate_packed([examples], 64)
+    # rows of unequal documents: a row that keeps fewer anchors is filled with invalid ones
+    batch = collate_packed([examples[:3], examples[3:]], 64)
     documents = batch["document_ids"]
     plan = block_plan(batch["loss_mask"], batch["attention_mask"], 3, 2,
-                      torch.Generator().manual_seed(0), documents)
-    anchors, valid = plan["anchors"][0], plan["trained"][0, :, 0]
-    drawn = anchors[valid]
-    assert drawn.tolist() == sorted(drawn.tolist())
-    for doc in range(1, len(examples) + 1):
-        mine = drawn[documents[0, drawn] == doc]
-        assert 0 < len(mine) <= 3  # up to anchors_per_sequence in every document
-        assert (documents[0, mine + 1] == doc).all()  # the next token is its document's
-    starts = plan["starts"][0][valid]
-    assert (documents[0, starts] == documents[0, drawn]).all()
-    assert (starts == 0).any() and ((starts == 0) | (documents[0, starts - 1] !=
-                                                     documents[0, starts])).all()
+                      torch.Generator().manual_seed(seed), documents)
+    for row in range(2):
+        anchors, valid = plan["anchors"][row], plan["trained"][row, :, 0]
+        drawn = anchors[valid]
+        assert drawn.tolist() == sorted(drawn.tolist())
+        for doc in range(1, int(documents[row].max()) + 1):
+            mine = drawn[documents[row, drawn] == doc]
+            assert 0 < len(mine) <= 3  # up to anchors_per_sequence in every document
+            assert (documents[row, mine + 1] == doc).all()  # its next token is its document's
+        starts = plan["starts"][row][valid]
+        assert (documents[row, starts] == documents[row, drawn]).all()
+        assert ((starts == 0) | (documents[row, (starts - 1).clamp_min(0)] !=
+                                 documents[row, starts])).all()  # where the document starts
 
 
 @pytest.mark.parametrize("kind", PACKING)
