@@ -181,38 +181,21 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
         documents: (B, T) document ids of packed rows (`train/packing.py`): each document is a
             sequence of its own (its own count, drawn among its own anchors); None = rows.
     """
-    if documents is not None:
-        return _cod_anchors_by_document(valid, ratio, min_ratio, generator, documents)
-    seeds = valid[0].sum(1)
-    chosen = [valid[0]]
-    for depth in range(1, len(valid)):
-        eligible = chosen[-1] & valid[depth]
-        fraction = max(ratio ** depth, min_ratio)
-        count = ((seeds - depth).clamp_min(0).double() * fraction).floor().long()
-        scores = torch.rand(eligible.shape, device=eligible.device, generator=generator)
-        rank = scores.masked_fill(~eligible, -1.0).argsort(1, descending=True).argsort(1)
-        chosen.append(eligible & (rank < count[:, None]))
-    return chosen
-
-
-def _cod_anchors_by_document(valid: list[torch.Tensor], ratio: float, min_ratio: float,
-                             generator: torch.Generator | None, documents: torch.Tensor
-                             ) -> list[torch.Tensor]:
-    """`cod_anchors` with every (row, document) of packed rows a sequence of its own."""
+    if documents is None:  # one sequence per row
+        documents = torch.zeros_like(valid[0], dtype=torch.long)
     b, t = documents.shape
     group = (torch.arange(b, device=documents.device)[:, None] * (t + 1) + documents).flatten()
-    groups = b * (t + 1)
-    sizes = torch.bincount(group, minlength=groups)
+    per_group = torch.zeros(b * (t + 1), dtype=torch.long, device=documents.device)
+    sizes = per_group.index_add(0, group, torch.ones_like(group))
     starts = sizes.cumsum(0) - sizes
-    seeds = torch.zeros(groups, dtype=torch.long, device=documents.device).index_add_(
-        0, group, valid[0].flatten().long())
+    seeds = per_group.index_add(0, group, valid[0].flatten().long())
     chosen = [valid[0]]
     for depth in range(1, len(valid)):
         eligible = chosen[-1] & valid[depth]
         fraction = max(ratio ** depth, min_ratio)
         count = ((seeds - depth).clamp_min(0).double() * fraction).floor().long()
         scores = torch.rand(eligible.shape, device=eligible.device, generator=generator)
-        # by group, then by score, highest first: a position's rank within its document
+        # by sequence, then by score, highest first: a position's rank within its sequence
         key = group.double() * 4 - scores.masked_fill(~eligible, -1.0).flatten().double()
         rank = key.argsort().argsort() - starts[group]
         chosen.append(eligible & (rank < count[group]).view(b, t))
