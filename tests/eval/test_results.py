@@ -63,12 +63,13 @@ def test_what_the_writers_write_reads_back_equal(tmp_path):
     assert read_training_record(write_training_record(tmp_path / "budget.json", record)) == record
 
 
-def test_every_committed_result_written_before_versions_still_reads():
+def test_every_committed_result_still_reads():
     benches = sorted(ROOT.glob("benchmarks/*/bench.json"))
     evals = sorted(ROOT.glob("benchmarks/*/eval_*.json"))
-    assert benches and evals
+    # most were written before versions (no schema_version); newer ones carry theirs
+    assert benches and evals and any("schema_version" not in json.loads(path.read_text())
+                                     for path in benches)
     for path in benches:
-        assert "schema_version" not in json.loads(path.read_text())  # written before versions
         bench = read_bench_results(path)
         assert bench.greedy is not None and "plain" in bench.greedy.methods
         assert BenchResults.from_dict(bench.to_dict(), str(path)) == bench
