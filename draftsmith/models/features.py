@@ -21,6 +21,7 @@ two paths compute the same tensors. This module imports nothing of draftsmith bu
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -94,6 +95,11 @@ def decoder_mask(model, attention_mask: torch.Tensor, documents: torch.Tensor | 
     return padded_causal_mask(attention_mask)
 
 
+# the hooks below are the layers' own, so two forwards at once (training's next batch on its
+# thread, `train.overlap_target`, and an evaluation) would read each other's states: one at a time
+_HOOKED = threading.Lock()
+
+
 @torch.no_grad()  # not inference_mode: online training feeds these tensors to autograd
 def extract_features(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: Sequence[int],
@@ -141,16 +147,17 @@ def extract_features(
         return hook
 
     # only the requested states are held, not all N + 1 as `output_hidden_states` would
-    handles = [layers[0].register_forward_pre_hook(keep_input(0), with_kwargs=True)
-               if i == 0 else layers[i - 1].register_forward_hook(keep_output(i))
-               for i in sorted(set(layer_ids)) if i < num_layers]
-    try:
-        outputs = decoder(input_ids=input_ids,
-                          attention_mask=decoder_mask(model, attention_mask, documents),
-                          position_ids=position_ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with _HOOKED:
+        handles = [layers[0].register_forward_pre_hook(keep_input(0), with_kwargs=True)
+                   if i == 0 else layers[i - 1].register_forward_hook(keep_output(i))
+                   for i in sorted(set(layer_ids)) if i < num_layers]
+        try:
+            outputs = decoder(input_ids=input_ids,
+                              attention_mask=decoder_mask(model, attention_mask, documents),
+                              position_ids=position_ids, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
     if num_layers in layer_ids:  # after the final norm
         kept[hidden_key(num_layers)] = outputs.last_hidden_state
     return {hidden_key(i): kept[hidden_key(i)] for i in sorted(set(layer_ids))}

@@ -63,6 +63,8 @@ class Settings:
         checkpointing: the decoder layer is recomputed in backward (train.gradient_checkpointing).
         device: `cuda` or `cpu`.
         attention: `math` (dense scores kept) or `blockwise`.
+        overlap: the next batch's target forward runs beside the step
+            (`train.overlap_target`): the two phases are held at once.
     """
 
     batch: int
@@ -76,6 +78,7 @@ class Settings:
     checkpointing: bool = False
     device: str = "cuda"
     attention: str = "math"
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,8 @@ def step_terms(s: ModelShapes, cfg: Settings) -> list[Term]:
 
 @dataclass(frozen=True)
 class Plan:
-    """A plan's terms and its peak (static + the larger of the two phases)."""
+    """A plan's terms and its peak (static + the larger of the two phases, or both when the
+    target's forward overlaps the step)."""
 
     terms: list[Term]
     settings: Settings
@@ -213,7 +217,8 @@ class Plan:
 
     @property
     def peak(self) -> int:
-        return self.phase("static") + max(self.phase("forward"), self.phase("step"))
+        both = (self.phase("forward"), self.phase("step"))
+        return self.phase("static") + (sum(both) if self.settings.overlap else max(both))
 
 
 def plan_memory(s: ModelShapes, cfg: Settings) -> Plan:

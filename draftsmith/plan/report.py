@@ -65,7 +65,8 @@ def recipe_settings(recipe, device: Device, processes: int, sharding: str | None
         online=train.features == "online", cache_bytes=_dtype_bytes(cache.get("dtype")),
         # issue 29's recipe option; read so that a plan written before it exists still runs
         checkpointing=bool(getattr(train, "gradient_checkpointing", False)),
-        device=device.kind, attention=default_attention(device.kind))
+        device=device.kind, attention=default_attention(device.kind),
+        overlap=train.overlaps_target(device.kind, processes) and sharding != "fsdp")
 
 
 def _dtype_bytes(name: str | None) -> float:
@@ -138,8 +139,10 @@ def format_report(report: PlanReport) -> str:
             continue
         lines.append(f"  {title}: {_gb(plan.phase(phase))}")
         lines += [f"    {t.name:{width}s}{_gb(t.bytes):>8s}" for t in terms]
-    lines.append(f"  peak: {_gb(plan.phase('static'))} + max({_gb(plan.phase('forward'))}, "
-                 f"{_gb(plan.phase('step'))}) = {_gb(plan.peak)} GB of {_gb(device.memory)}: "
+    both = f"{_gb(plan.phase('forward'))} + {_gb(plan.phase('step'))} (train.overlap_target)" \
+        if cfg.overlap else f"max({_gb(plan.phase('forward'))}, {_gb(plan.phase('step'))})"
+    lines.append(f"  peak: {_gb(plan.phase('static'))} + {both} = {_gb(plan.peak)} GB of "
+                 f"{_gb(device.memory)}: "
                  f"{report.verdict.upper()}"
                  + (f" (above {FITS_BELOW:.0%}: allocator fragmentation may break it)"
                     if report.verdict == "tight" else ""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -33,7 +34,8 @@ from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import finished_drafter, resume_run, scheduler_state
 from draftsmith.train.setup import TrainingSetup, build_training
 from draftsmith.train.stop_signal import StopRequest, stop_exit_code
-from draftsmith.train.target_parts import local_numel
+from draftsmith.train.target_ahead import check_overlap, features_ahead, target_forward
+from draftsmith.train.target_parts import holds_whole, local_numel
 
 
 def make_accelerator(recipe: Recipe):
@@ -133,6 +135,12 @@ class Trainer:
         self.paused = False  # an evaluation or a checkpoint ran since the last step
         self.last: tuple = ()  # the latest micro-step's (loss, metrics)
         self.window = LogWindow(accelerator, self.step)
+        check_overlap(self.cfg.overlap_target, parts.target, parts.joint)
+        self.overlap = not parts.joint and self.cfg.overlaps_target(
+            accelerator.device.type, accelerator.num_processes) and holds_whole(parts.target)
+        if self.overlap:
+            accelerator.print("target: each batch's features computed on a second thread while "
+                              "the step before trains (train.overlap_target=false: in the step)")
         self.progress = None
 
     def fit(self) -> None:
@@ -143,11 +151,22 @@ class Trainer:
         with StopRequest() as stop_request:  # SIGTERM / Ctrl-C: save after the step, then exit
             while self.step < schedule.total:
                 batches = data.train_batches(self.epoch, self.batches_done, float8=True)
-                with closing(device_batches(batches, self.accelerator.device)) as fed:
-                    for batch in fed:
+                with closing(device_batches(batches, self.accelerator.device)) as fed, \
+                        closing(self._ahead(fed)) as stream:
+                    for batch in stream:
                         if self._micro_step(batch) and self._end_step(stop_request):
                             break
         self.progress.close()
+
+    def _ahead(self, fed: Iterator[dict]) -> Iterator[dict]:
+        """The device's batches, with the next one's target features computed on a second thread
+        while this step trains (`train.overlap_target`), or as they are."""
+        if not self.overlap:
+            yield from fed
+            return
+        unwrapped = self.accelerator.unwrap_model(self.parts.model)
+        yield from features_ahead(fed, target_forward(self.parts.target, unwrapped.aux_layers,
+                                                      self.accelerator.autocast))
 
     def _next_epoch_if_done(self) -> None:
         """Move the data stream's position past the epochs it has finished.

@@ -16,6 +16,7 @@ from draftsmith.models.features import (
 )
 from draftsmith.train.joint import medusa2_loss
 from draftsmith.train.loader import to_device
+from draftsmith.train.target_ahead import AHEAD_KEY
 
 
 class LossModule(torch.nn.Module):
@@ -39,8 +40,10 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         if self.joint:
             return medusa2_loss(self.drafter, self.target, batch)
-        return self.spec.loss(self.drafter, batch_features(self._frozen_target[0], batch,
-                                                           self.aux_layers))
+        ahead = batch.get(AHEAD_KEY)  # computed on the target's thread (`train/target_ahead.py`)
+        features = ahead.result() if ahead is not None else \
+            batch_features(self._frozen_target[0], batch, self.aux_layers)
+        return self.spec.loss(self.drafter, features)
 
 
 def batch_features(target, batch: dict, aux_layers: list[int]):

@@ -110,6 +110,12 @@ class TrainSection:
         reuse_host_memory: a run on CPU keeps freed host memory for reuse (glibc's malloc,
             `draftsmith/host_memory.py`) instead of paying page faults for every large tensor
             again: 1.12x per step measured on a 2-core Xeon. Off: the allocator as it is.
+        overlap_target: online features: the next batch's frozen-target forward runs on a
+            second thread while this step trains the drafter (`train/target_ahead.py`), on the
+            cores the drafter's step leaves idle (benchmarks/train_step). null = on for a CPU
+            run in one process, off elsewhere (not measured there); true is refused where the
+            target's forward is a collective (a sharded target) or trains (Medusa-2), false
+            runs it inside the step. The step's numbers are the same either way.
     """
 
     lr: float = 1e-4
@@ -145,6 +151,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     compile: bool = False
     reuse_host_memory: bool = True
+    overlap_target: bool | None = None
 
     def __post_init__(self):
         positive = ("lr", "batch_size", "grad_accum", "max_steps", "max_length", "cache_window",
@@ -171,6 +178,11 @@ class TrainSection:
         self._check_batching()
         if self.features not in ("online", "offline"):
             raise DraftsmithError(f"train.features={self.features!r}: use online or offline")
+        if self.overlap_target and self.features == "offline":
+            raise DraftsmithError("train.overlap_target=true overlaps the target's forward, but "
+                                  "train.features=offline reads cached features and runs no "
+                                  "target; set train.features=online, or remove "
+                                  "train.overlap_target")
         if self.mixed_precision not in MIXED_PRECISIONS:
             raise DraftsmithError(f"train.mixed_precision={self.mixed_precision!r}: use one of "
                                   f"{', '.join(MIXED_PRECISIONS)}")
@@ -217,6 +229,12 @@ class TrainSection:
         if self.bucket_rows is not None:
             return self.bucket_rows
         return DEFAULT_MULTIPLE if (device_type, mixed_precision) == ("cpu", "bf16") else 1
+
+    def overlaps_target(self, device_type: str, num_processes: int) -> bool:
+        """`overlap_target`: the setting, or on for online features on a CPU in one process."""
+        if self.overlap_target is not None:
+            return self.overlap_target
+        return self.features == "online" and device_type == "cpu" and num_processes == 1
 
     @property
     def workers(self) -> int:

@@ -37,6 +37,7 @@ FREE_SETTINGS = frozenset({
     "train.save_every", "train.eval_every", "train.keep_checkpoints", "train.output_dir",
     "train.wandb", "train.wandb_project", "target.name", "target.trust_remote_code",
     "data.tokenized", "data.out_dir", "train.log_interval", "train.loader_workers",
+    "train.overlap_target",
 })
 # A budgeted run resumed while its schedule can still take a new total may change these
 # (`budget_extendable`): the planner re-sizes the rest of the run to the new budget.

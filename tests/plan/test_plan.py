@@ -155,3 +155,18 @@ def test_meta_build_allocates_nothing(tiny_folder):
 
     config, _ = target_config(str(tiny_folder))
     assert all(p.device == torch.device("meta") for p in meta_target(config).parameters())
+
+
+def test_a_target_run_ahead_holds_its_forward_beside_the_step(tiny_folder):
+    from draftsmith.plan.report import recipe_settings
+
+    recipe = _recipe(tiny_folder)
+    shapes = model_shapes(recipe)
+    cpu, gpu = parse_device("cpu"), parse_device("h100-80gb")
+    assert recipe_settings(recipe, cpu, 1, None).overlap  # the default: a CPU in one process
+    assert not recipe_settings(recipe, gpu, 1, None).overlap
+    assert not recipe_settings(recipe, cpu, 2, None).overlap
+    off = plan_memory(shapes, _settings(batch=4, length=512))
+    ahead = plan_memory(shapes, _settings(batch=4, length=512, overlap=True))
+    assert ahead.peak == off.phase("static") + off.phase("forward") + off.phase("step")
+    assert ahead.peak > off.peak
