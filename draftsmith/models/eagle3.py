@@ -197,6 +197,11 @@ class Eagle3Drafter(DraftVocabMixin, nn.Module):
         when `norm_output` has normed it already."""
         return self.lm_head(state if self.config.norm_output else self.norm(state))
 
+    def warm_teacher(self, features) -> None:
+        """What `eagle3_loss` reads of the target's head for this batch (`restricted_teacher`),
+        computed now: on the target's thread, beside the step before (`train.overlap_target`)."""
+        features.teacher_ahead = restricted_teacher(self, features, features.loss_mask)
+
     def target_feature(self, last_hidden: torch.Tensor, hidden_states, index) -> torch.Tensor:
         """Drafter input of target positions `index`: fc of the fused layer outputs. (m, H)"""
         return self.fuse([hidden_states[layer + 1][index] for layer in self.layer_ids])
@@ -326,6 +331,19 @@ def collate_ttt_rows(config: Eagle3Config, seed: int, input_ids: torch.Tensor,
     return ttt_row_plan(attention_mask, loss_mask, config.ttt_steps, documents)
 
 
+def restricted_teacher(drafter: Eagle3Drafter, target_logits_after: TargetLogits,
+                       loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """After each trained position (m of them): the target's logits over the draft vocabulary
+    (m, Vd) and its full-vocabulary choice (m,), no gradient; taken from `teacher_ahead` when
+    the target's thread computed them (`Eagle3Drafter.warm_teacher`)."""
+    ahead = getattr(target_logits_after, "teacher_ahead", None)
+    if ahead is not None:
+        return ahead
+    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p
+    with torch.no_grad():
+        return target_logits_after.restricted_every_at(drafter.draft_ids(), trained)
+
+
 def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 loss_mask: torch.Tensor, aux_hidden: list[torch.Tensor],
                 target_logits_after: TargetLogits, plan: dict[str, torch.Tensor] | None = None,
@@ -366,9 +384,8 @@ def eagle3_loss(drafter: Eagle3Drafter, input_ids: torch.Tensor, attention_mask:
         plan = ttt_row_plan(attention_mask, loss_mask, cfg.ttt_steps, documents)
     positions = position_ids.flatten() if position_ids is not None else None
     draft_ids = drafter.draft_ids()
-    trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p
-    with torch.no_grad():  # after each trained position: (m, Vd), (m,)
-        teacher, choice = target_logits_after.restricted_every_at(draft_ids, trained)
+    teacher, choice = restricted_teacher(drafter, target_logits_after, loss_mask)
+    with torch.no_grad():
         in_vocab = drafter.t2d[choice]
     rows = plan["rows.0"]
     hidden = drafter.fuse([aux.flatten(0, 1)[rows] for aux in aux_hidden])  # (m0, H)

@@ -179,6 +179,8 @@ class Features:
         kind_rows: the rows a kind's collate drew on the host (registry `collate_rows`; P-EAGLE's
             COD draw), by name; empty = the loss draws them itself.
         document_ids, position_ids: (B, T) of a packed batch (`train/packing.py`), else None.
+        teacher_ahead: what a kind's loss reads of the target's head, computed on the target's
+            thread (`train.overlap_target`, a drafter's `warm_teacher`), else None.
     """
 
     input_ids: torch.Tensor
@@ -192,6 +194,7 @@ class Features:
     kind_rows: dict[str, torch.Tensor] = field(default_factory=dict)
     document_ids: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    teacher_ahead: object | None = None
 
     @functools.cached_property
     def target_logits(self) -> torch.Tensor:

@@ -112,6 +112,11 @@ class PEagleDrafter(Eagle3Drafter):
 
     kind = "peagle"
 
+
+    def warm_teacher(self, features) -> None:
+        """What `peagle_loss` reads of the target's head for this batch (its trained rows over
+        the draft vocabulary), computed on the target's thread (`train.overlap_target`)."""
+        features.teacher_ahead = restrict_target_logits_at(features, self.draft_ids())
     def __init__(self, target_config, config: PEagleConfig):
         token = resolve_mask_token(target_config, config.mask_token_id)
         super().__init__(target_config, replace(config, mask_token_id=token))
@@ -264,7 +269,9 @@ def peagle_loss(drafter: PEagleDrafter, input_ids: torch.Tensor, attention_mask:
         rows = cod_rows(attention_mask, cod_anchors(valid, cfg.cod_ratio, cfg.cod_min_ratio,
                                                     documents=documents))
     draft_ids = drafter.draft_ids()
-    teacher = restrict_target_logits_at(target_logits_after, draft_ids)
+    teacher = getattr(target_logits_after, "teacher_ahead", None)  # the target's thread's
+    if teacher is None:
+        teacher = restrict_target_logits_at(target_logits_after, draft_ids)
     weights = [cfg.step_weight ** d for d in range(cfg.num_depths)] \
         if cfg.position_weights == "geometric" else decay_weights(cfg.num_depths, cfg.decay_gamma)
     losses = PositionLosses(parse_loss(cfg.loss), cfg.position_weights, weights, b * t,

@@ -166,7 +166,8 @@ class Trainer:
             return
         unwrapped = self.accelerator.unwrap_model(self.parts.model)
         yield from features_ahead(fed, target_forward(self.parts.target, unwrapped.aux_layers,
-                                                      self.accelerator.autocast))
+                                                      self.accelerator.autocast,
+                                                      unwrapped.drafter))
 
     def _next_epoch_if_done(self) -> None:
         """Move the data stream's position past the epochs it has finished.

@@ -60,7 +60,16 @@ def test_an_error_on_the_target_thread_is_raised_at_its_batch_and_leaving_early_
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash", "peagle"])
-def test_the_target_run_ahead_trains_the_same_drafter(kind, tmp_path):
+def test_the_target_run_ahead_trains_the_same_drafter(kind, tmp_path, monkeypatch):
+    from draftsmith.models.eagle3 import Eagle3Drafter
+    from draftsmith.models.peagle import PEagleDrafter
+
+    warmed: list[str] = []  # EAGLE-3's and P-EAGLE's teachers are read on the target's thread
+    for cls in (Eagle3Drafter, PEagleDrafter):
+        def warm(self, features, original=cls.__dict__["warm_teacher"]):
+            warmed.append(threading.current_thread().name)
+            return original(self, features)
+        monkeypatch.setattr(cls, "warm_teacher", warm)
     target = tiny_target("llama")
     settings = small_settings(kind)
     vocab = training_vocab(kind, settings, target, examples())
@@ -77,6 +86,10 @@ def test_the_target_run_ahead_trains_the_same_drafter(kind, tmp_path):
         torch.testing.assert_close(weights[True][key], weights[False][key], rtol=0, atol=0)
     strip = [line.split('"seconds"')[0] for line in rows[True].splitlines()]
     assert strip == [line.split('"seconds"')[0] for line in rows[False].splitlines()]
+    if kind == "dflash":
+        assert not warmed
+    else:
+        assert len(warmed) >= 6 and all(n.startswith("draftsmith-target") for n in warmed)
 
 
 def test_the_default_overlaps_online_features_on_a_cpu_in_one_process():
