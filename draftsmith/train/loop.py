@@ -29,6 +29,7 @@ from draftsmith.train.checkpoint import check_shared_output, save_drafter, save_
 from draftsmith.train.divergence import check_loss, check_weights
 from draftsmith.train.evaluation import evaluate
 from draftsmith.train.loader import device_batches
+from draftsmith.train.loss_module import batch_features
 from draftsmith.train.metrics import LogWindow, MetricsLog
 from draftsmith.train.recipe import Recipe
 from draftsmith.train.resume import finished_drafter, resume_run, scheduler_state
@@ -165,9 +166,10 @@ class Trainer:
             yield from fed
             return
         unwrapped = self.accelerator.unwrap_model(self.parts.model)
-        yield from features_ahead(fed, target_forward(self.parts.target, unwrapped.aux_layers,
-                                                      self.accelerator.autocast,
-                                                      unwrapped.drafter))
+        target, aux_layers = self.parts.target, unwrapped.aux_layers
+        yield from features_ahead(fed, target_forward(
+            lambda batch: batch_features(target, batch, aux_layers), self.accelerator.autocast,
+            unwrapped.drafter))
 
     def _next_epoch_if_done(self) -> None:
         """Move the data stream's position past the epochs it has finished.

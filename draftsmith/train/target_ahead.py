@@ -61,21 +61,20 @@ def features_ahead(batches: Iterable[dict], compute: Callable[[dict], object]
         pool.shutdown(wait=True, cancel_futures=not finished)
 
 
-def target_forward(target, aux_layers: list[int], autocast, drafter
+def target_forward(features: Callable[[dict], object], autocast, drafter
                    ) -> Callable[[dict], object]:
-    """The function `features_ahead` runs on its thread: the batch's online features, without
-    gradients, under `autocast()` (a context manager; the thread does not inherit the step's),
-    with what the drafter's loss reads of the target's head where the drafter says what that
-    is (`warm_teacher`: EAGLE-3's logits over the draft vocabulary and the target's choices)."""
-    from draftsmith.train.loss_module import batch_features
-
+    """The function `features_ahead` runs on its thread: `features(batch)` (the batch's online
+    features: `loss_module.batch_features`), without gradients, under `autocast()` (a context
+    manager; the thread does not inherit the step's), with what the drafter's loss reads of the
+    target's head where the drafter says what that is (`warm_teacher`: EAGLE-3's logits over
+    the draft vocabulary and the target's choices, P-EAGLE's restricted rows)."""
     warm = getattr(drafter, "warm_teacher", None)
 
     def compute(batch: dict):
         with torch.no_grad(), autocast():
-            features = batch_features(target, batch, aux_layers)
+            computed = features(batch)
             if warm is not None:
-                warm(features)
-            return features
+                warm(computed)
+            return computed
 
     return compute
