@@ -13,10 +13,6 @@ block 0 + diagonals, and its extra value coordinate is the diagonals' share of t
 diagonal values weighted by that share complete the output. Everything is differentiable through
 public ops (SDPA's own backward), memory is linear in T, and no mask is built.
 
-On a CPU, rows of at most `GROUPED_MAX_LENGTH` tokens take `grouped_attention` instead: the same
-softmax as explicit products per KV head group, faster there than the CPU flash kernel's backward
-on short rows.
-
 Right padding only (as `collate` lays batches out): with real tokens a prefix of each row, plain
 causal attention over block 0 equals the padding-aware mask for every real query. Packed rows
 (`train/packing.py`) pass their `documents`: block 0 is then causal within each document (an
@@ -34,17 +30,10 @@ from draftsmith.models.masks import document_causal_mask
 
 KV = tuple[torch.Tensor, torch.Tensor]
 _PAD = 8  # extra coordinates: 2 carry the sink score; fused kernels want head dims % 8 == 0
-# On a CPU, rows up to this many tokens take `grouped_attention`: torch's CPU flash-attention
-# backward costs about the same for a batch of many short rows as for a few long ones (bf16,
-# 2-core Xeon, torch 2.13, fwd + bwd: (14 rows, 9 heads, 107 tokens) 26.9 ms flash against 8.1
-# ms grouped, (9, 9, 164) 29.5 against 12.0, (4, 9, 300) 17.4 against 16.9, (4, 9, 385) 27.4
-# against 36.6), while the explicit product grows with the square of the length.
-GROUPED_MAX_LENGTH = 256
 
 
 def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
-                  documents: torch.Tensor | None = None, grouped: bool | None = None
-                  ) -> torch.Tensor:
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
     """softmax attention of step j = len(diagonal) of training-time test.
 
     Args:
@@ -54,8 +43,6 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
             each; query i sees only key i of each.
         documents: (B, T) document index of each token of packed rows (0 on padding), or None
             (one sequence per row).
-        grouped: `grouped_attention` (explicit scores) instead of SDPA with the sink key; None =
-            on a CPU for rows of at most `GROUPED_MAX_LENGTH` tokens.
 
     Returns:
         (B, nh, T, hd), equal to SDPA with `eagle3.ttt_masks` for every real (right-padded) query.
@@ -64,10 +51,6 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
     """
     k0, v0 = block0
     b, nh, t, hd = q.shape
-    if grouped is None:
-        grouped = q.device.type == "cpu" and t <= GROUPED_MAX_LENGTH
-    if grouped:
-        return grouped_attention(q, block0, diagonal, documents)
     nkv = k0.shape[1]
     group = nh // nkv
     scale = 1.0 / math.sqrt(hd)
@@ -111,36 +94,3 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
     weights = torch.softmax(scores, dim=-1).to(q.dtype)  # (B, nkv, T, group, j)
     diagonal_part = torch.matmul(weights, dv).transpose(2, 3).reshape(b, nh, t, hd)
     return (out[..., :hd].to(wide) + share * diagonal_part.to(wide)).to(q.dtype)
-
-
-def grouped_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
-                      documents: torch.Tensor | None = None) -> torch.Tensor:
-    """`ttt_attention` as explicit products, one per KV head for its group of query heads (no
-    key is copied to every query head): block 0's (B, nkv, group, T, T) scores, causal (or
-    within each document), beside the diagonals' (.., j), one softmax over both in at least
-    float32, then the values. Memory is quadratic in T (the probabilities are kept for the
-    backward), so it is taken for short rows on a CPU only (`GROUPED_MAX_LENGTH`)."""
-    k0, v0 = block0
-    b, nh, t, hd = q.shape
-    nkv = k0.shape[1]
-    group = nh // nkv
-    scale = 1.0 / math.sqrt(hd)
-    wide = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.reshape(b, nkv, group * t, hd), k0.transpose(-1, -2))
-    scores = scores.view(b, nkv, group, t, t).to(wide) * scale
-    visible = torch.ones(t, t, dtype=torch.bool, device=q.device).tril() if documents is None \
-        else document_causal_mask(documents)[:, :, None]  # (B, 1, 1, T, T)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    if diagonal:
-        dk = torch.stack([k for k, _ in diagonal], dim=-2)  # (B, nkv, T, j, hd)
-        per_position = q.view(b, nkv, group, t, hd).transpose(2, 3)  # (B, nkv, T, group, hd)
-        own = torch.matmul(per_position, dk.transpose(-1, -2)).to(wide) * scale
-        scores = torch.cat([scores, own.transpose(2, 3)], dim=-1)  # (B, nkv, group, T, T + j)
-    weights = torch.softmax(scores, dim=-1).to(q.dtype)
-    out = torch.matmul(weights[..., :t].reshape(b, nkv, group * t, t), v0).to(wide)
-    out = out.view(b, nkv, group, t, hd)
-    if diagonal:
-        dv = torch.stack([v for _, v in diagonal], dim=-2)  # (B, nkv, T, j, hd)
-        own = torch.matmul(weights[..., t:].transpose(2, 3), dv)  # (B, nkv, T, group, hd)
-        out = out + own.transpose(2, 3).to(wide)
-    return out.reshape(b, nh, t, hd).to(q.dtype)

@@ -24,10 +24,9 @@ def _dense_reference(q, blocks, attention_mask):
                                           attn_mask=mask, enable_gqa=True)
 
 
-@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("heads", [(4, 2), (4, 4)])
 @pytest.mark.parametrize("step", [0, 1, 2, 4])
-def test_ttt_attention_equals_the_dense_masked_sdpa(step, heads, grouped):
+def test_ttt_attention_equals_the_dense_masked_sdpa(step, heads):
     nh, nkv = heads
     b, t, hd = 3, 11, 8
     gen = torch.Generator().manual_seed(step)
@@ -41,7 +40,7 @@ def test_ttt_attention_equals_the_dense_masked_sdpa(step, heads, grouped):
     real = attention_mask.bool()[:, None, :, None]  # padding queries' outputs are never read
     weight = torch.randn(b, nh, t, hd, generator=gen, dtype=torch.float64) * real
 
-    out = ttt_attention(q, blocks[0], blocks[1:], grouped=grouped)
+    out = ttt_attention(q, blocks[0], blocks[1:])
     expected = _dense_reference(q, blocks, attention_mask)
     torch.testing.assert_close(out * real, expected * real, rtol=1e-12, atol=1e-12)
     grads = torch.autograd.grad((out * weight).sum(), inputs)
@@ -50,17 +49,15 @@ def test_ttt_attention_equals_the_dense_masked_sdpa(step, heads, grouped):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("grouped", [False, True])
-def test_ttt_attention_in_bfloat16_stays_close_to_the_float64_result(grouped):
+def test_ttt_attention_in_bfloat16_stays_close_to_the_float64_result():
     """The sink score rides in bf16 as a high and a low part: bf16 inputs give bf16-sized
-    errors (the same as the dense path's), not a shifted softmax; the grouped products too."""
+    errors (the same as the dense path's), not a shifted softmax."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 16, 8, generator=gen)
     blocks = [(torch.randn(2, 2, 16, 8, generator=gen), torch.randn(2, 2, 16, 8, generator=gen))
               for _ in range(4)]
     exact = ttt_attention(q.double(), *_split([(k.double(), v.double()) for k, v in blocks]))
-    low = ttt_attention(q.bfloat16(), *_split([(k.bfloat16(), v.bfloat16()) for k, v in blocks]),
-                        grouped=grouped)
+    low = ttt_attention(q.bfloat16(), *_split([(k.bfloat16(), v.bfloat16()) for k, v in blocks]))
     dense = _dense_reference(q.bfloat16(), [(k.bfloat16(), v.bfloat16()) for k, v in blocks],
                              torch.ones(2, 16, dtype=torch.long))
     error, dense_error = (float((x.double() - exact).abs().max()) for x in (low, dense))
@@ -145,35 +142,5 @@ def test_the_sink_divided_in_float32_before_the_split_shrinks_the_bf16_error_at_
         out = attention(q, *_split(blocks)).double()
         return float(((out - exact).abs() / exact.abs().clamp_min(1e-2)).mean())
 
-    def sink(*args):
-        return ttt_attention(*args, grouped=False)
-
-    now, before = error(sink), error(_sink_split_after_the_division)
+    now, before = error(ttt_attention), error(_sink_split_after_the_division)
     assert now < 0.9 * before, (now, before)
-
-
-@pytest.mark.parametrize("step", [0, 2])
-def test_packed_rows_attend_within_each_document_on_both_paths(step):
-    """Packed rows: the sink path (SDPA with the document mask) and the grouped products give
-    the same outputs and gradients (float64), and a row holding two documents equals each
-    document alone."""
-    gen = torch.Generator().manual_seed(step)
-    b, nh, nkv, t, hd = 2, 4, 2, 10, 8
-    documents = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]])
-    q = torch.randn(b, nh, t, hd, generator=gen, dtype=torch.float64, requires_grad=True)
-    blocks = [tuple(torch.randn(b, nkv, t, hd, generator=gen, dtype=torch.float64,
-                                requires_grad=True) for _ in range(2)) for _ in range(step + 1)]
-    inputs = [q, *(x for kv in blocks for x in kv)]
-    real = (documents > 0)[:, None, :, None]
-    weight = torch.randn(b, nh, t, hd, generator=gen, dtype=torch.float64) * real
-    outs = {g: ttt_attention(q, blocks[0], blocks[1:], documents, grouped=g) for g in (False, True)}
-    torch.testing.assert_close(outs[True] * real, outs[False] * real, rtol=1e-12, atol=1e-12)
-    grads = {g: torch.autograd.grad((outs[g] * weight).sum(), inputs) for g in outs}
-    for a, c in zip(grads[True], grads[False], strict=True):
-        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
-    second = slice(4, 9)  # the second document of row 0, alone at the front of a row
-    alone = ttt_attention(q[:1, :, second], (blocks[0][0][:1, :, second],
-                                             blocks[0][1][:1, :, second]),
-                          [(k[:1, :, second], v[:1, :, second]) for k, v in blocks[1:]],
-                          grouped=True)
-    torch.testing.assert_close(outs[True][:1, :, second], alone, rtol=1e-12, atol=1e-12)
