@@ -33,7 +33,7 @@ from draftsmith.models.eagle3 import (
     eagle3_layer_ids,
     eagle3_loss,
 )
-from draftsmith.models.features import Features, hidden_indices
+from draftsmith.models.features import Features
 from draftsmith.models.medusa import MedusaConfig, MedusaHeads, medusa_loss
 from draftsmith.models.mtp import MTPConfig, MTPDrafter, mtp_loss
 from draftsmith.models.peagle import (
@@ -42,6 +42,7 @@ from draftsmith.models.peagle import (
     collate_cod_rows,
     peagle_loss,
 )
+from draftsmith.models.target_states import hidden_indices
 from draftsmith.models.target_support import HEAD_FIELDS, LAYER_FIELDS, check_target_supported
 
 

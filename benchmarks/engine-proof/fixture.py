@@ -21,7 +21,8 @@ import torch
 from draftsmith.draft_vocab.vocab import build_draft_vocab
 from draftsmith.drafter_folder import read_drafter_weights, write_drafter_folder
 from draftsmith.eval.prompts.sets import load_prompts
-from draftsmith.models.features import cached_features, extract_features, hidden_indices
+from draftsmith.models.features import cached_features
+from draftsmith.models.target_states import extract_features, hidden_indices
 from draftsmith.registry import get_spec
 from draftsmith.serving.serve_check import prompt_token_ids
 

@@ -157,8 +157,8 @@ def worker_attention(args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from draftsmith.models.eagle3 import ttt_masks
     from draftsmith.models.ttt_attention import ttt_attention
+    from draftsmith.models.ttt_rows import ttt_masks
 
     torch.manual_seed(0)
     j, t = args.ttt_steps - 1, args.tokens

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftsmith.data.cache_reader import FeatureCache
-from draftsmith.models.features import hidden_key
+from draftsmith.models.target_states import hidden_key
 from draftsmith.train.cache_stream import held_out
 
 TARGET = Path("/root/.cache/draftsmith/models/smollm2-135m-instruct")

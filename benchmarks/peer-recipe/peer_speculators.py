@@ -40,7 +40,7 @@ import torch
 
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.files import write_json
-from draftsmith.models.features import hidden_key
+from draftsmith.models.target_states import hidden_key
 from draftsmith.target.precision import choose_mixed_precision
 from draftsmith.train.cache_stream import CacheStream
 from draftsmith.train.metrics import simulated_tau

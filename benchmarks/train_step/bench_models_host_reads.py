@@ -127,8 +127,8 @@ def eagle3_rows(batches: list[dict]) -> str:
     teacher on the collate's trained positions, the decoder layer on every position)."""
     import torch
 
-    from draftsmith.models.eagle3 import ttt_rows
     from draftsmith.models.layers import next_trained_rows, shift_left
+    from draftsmith.models.ttt_rows import ttt_rows
 
     steps = recipe_settings("eagle3")["ttt_steps"]
     totals = [[0, 0, 0] for _ in range(3)]

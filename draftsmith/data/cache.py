@@ -49,7 +49,7 @@ from draftsmith.data.shards import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import sha256_file, write_atomic, write_json
-from draftsmith.models.features import extract_features, hidden_key, num_decoder_layers
+from draftsmith.models.target_states import extract_features, hidden_key, num_decoder_layers
 from draftsmith.target.load import DTYPES
 
 # storage dtypes of the hidden states; float8 rows carry a float32 scale each (`scale_key`)

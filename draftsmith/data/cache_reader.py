@@ -21,7 +21,7 @@ from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.shards import MANIFEST, read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.files import sha256_file
-from draftsmith.models.features import hidden_key
+from draftsmith.models.target_states import hidden_key
 
 KIND = "feature_cache"
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from draftsmith.models.dflash import resolve_mask_token
-from draftsmith.models.eagle3 import Eagle3Drafter, label_valid, ttt_rows
+from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.layers import (
     KV,
     TargetLogits,
@@ -41,6 +41,7 @@ from draftsmith.models.losses import (
     parse_loss,
     row_argmax,
 )
+from draftsmith.models.ttt_rows import label_valid, ttt_rows
 
 
 @dataclass
@@ -181,7 +182,7 @@ def cod_anchors(valid: list[torch.Tensor], ratio: float, min_ratio: float,
     holds the next, as the training step's packed rows require. No host sync.
 
     Args:
-        valid: (B, T) bool per depth, where that depth's label is trained (`eagle3.label_valid`).
+        valid: (B, T) bool per depth, where that depth's label is trained (`ttt_rows.label_valid`).
         generator: the draw's random source (the collate's, seeded by the batch).
         documents: (B, T) document ids of packed rows (`train/packing.py`): each document is a
             sequence of its own (its own count, drawn among its own anchors); None = rows.

@@ -1,7 +1,7 @@
 """Training-time-test attention without a dense mask: EAGLE-3 step j attends causally over block 0
 (the real sequence's keys) and to the same position's keys in blocks 1..j.
 
-Written as one masked SDPA (`eagle3.ttt_masks`), no fused kernel accepts it and the math backend
+Written as one masked SDPA (`ttt_rows.ttt_masks`), no fused kernel accepts it and the math backend
 materialises (B, heads, T, (j+1)T) scores and probabilities per step. Here block 0 goes through
 SDPA with `is_causal=True` (the fused flash / memory-efficient kernels, no mask) and the diagonal
 blocks are computed elementwise, a per-position dot product, (B, heads, T, j). The two are merged
@@ -45,7 +45,7 @@ def ttt_attention(q: torch.Tensor, block0: KV, diagonal: list[KV],
             (one sequence per row).
 
     Returns:
-        (B, nh, T, hd), equal to SDPA with `eagle3.ttt_masks` for every real (right-padded) query.
+        (B, nh, T, hd), equal to SDPA with `ttt_rows.ttt_masks` for every real (right-padded) query.
         Grouped KV heads are read in place (SDPA's `enable_gqa`, grouped products for the
         diagonals): no key or value is copied to every query head.
     """

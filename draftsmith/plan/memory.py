@@ -9,7 +9,7 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   of the same size, FSDP shards weights, gradients and states over the ranks and gathers the full
   weights for the step;
 - online, the target's forward under no_grad keeps the hidden states the drafter reads
-  (`models/features.extract_features`) beside one layer's working set; then those states and the
+  (`models/target_states.extract_features`) beside one layer's working set; then those states and the
   target's logits over the draft vocabulary after the trained positions live through the step
   (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on

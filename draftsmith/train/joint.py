@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.models.features import DOCUMENTS_KEY, POSITIONS_KEY, decoder_mask
+from draftsmith.models.features import DOCUMENTS_KEY, POSITIONS_KEY
 from draftsmith.models.layers import dense_target_logits
 from draftsmith.models.losses import wide
 from draftsmith.models.medusa import MedusaConfig, medusa_loss
+from draftsmith.models.target_states import decoder_mask
 
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

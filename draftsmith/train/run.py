@@ -142,7 +142,7 @@ def stream_cache(recipe: Recipe, folder: Path, target, accelerator) -> CacheStre
 
     from draftsmith.data.cache_reader import FeatureCache
     from draftsmith.data.identity import TargetIdentity
-    from draftsmith.models.features import hidden_key
+    from draftsmith.models.target_states import hidden_key
     from draftsmith.registry import get_spec
     from draftsmith.train.batching import collate_rows_of
     from draftsmith.train.cache_stream import CacheStream

@@ -12,7 +12,7 @@ from draftsmith.data.identity import TargetIdentity
 from draftsmith.data.render import render_conversations, resolve_chat_template
 from draftsmith.draft_vocab.counting import token_counts
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.features import extract_features, hidden_key
+from draftsmith.models.target_states import extract_features, hidden_key
 from tests.helpers.tiny_targets import tiny_target
 from tests.helpers.tiny_tokenizers import char_tokenizer
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from draftsmith.export import ExportOptions, export_drafter, load_exported
-from draftsmith.models.eagle3 import ttt_masks
 from draftsmith.models.layers import shift_left
+from draftsmith.models.ttt_rows import ttt_masks
 from tests.helpers.export_helpers import make_checkpoint
 
 INSTALL = ("pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && pip install openai "

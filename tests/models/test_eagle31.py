@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss, ttt_masks
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss
 from draftsmith.models.features import target_features
 from draftsmith.models.layers import causal_mask, shift_left
+from draftsmith.models.ttt_rows import ttt_masks
 from tests.helpers.tiny_targets import tiny_target
 
 STEPS, T = 3, 10

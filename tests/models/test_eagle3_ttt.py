@@ -11,15 +11,10 @@ import math
 import pytest
 import torch
 
-from draftsmith.models.eagle3 import (
-    Eagle3Config,
-    Eagle3Drafter,
-    eagle3_loss,
-    ttt_masks,
-    ttt_rows,
-)
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss
 from draftsmith.models.features import target_features
 from draftsmith.models.layers import shift_left
+from draftsmith.models.ttt_rows import ttt_masks, ttt_rows
 from tests.helpers.tiny_targets import tiny_target
 
 STEPS, T = 3, 10

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.models.eagle3 import ttt_masks
 from draftsmith.models.features import target_features
 from draftsmith.models.layers import shift_left
 from draftsmith.models.losses import dpace_weights, label_prob, parse_loss, per_row_loss
+from draftsmith.models.ttt_rows import ttt_masks
 from draftsmith.registry import get_spec
 from tests.helpers.drafters import small_settings
 from tests.helpers.tiny_targets import tiny_target

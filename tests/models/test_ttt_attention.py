@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss, ttt_masks
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, eagle3_loss
 from draftsmith.models.features import target_features
 from draftsmith.models.layers import set_gradient_checkpointing
 from draftsmith.models.ttt_attention import ttt_attention
+from draftsmith.models.ttt_rows import ttt_masks
 from tests.helpers.tiny_targets import tiny_target
 
 

@@ -15,7 +15,7 @@ from draftsmith.data.cache import build_feature_cache
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.render import RenderedSample
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.features import hidden_key
+from draftsmith.models.target_states import hidden_key
 from draftsmith.train.cache_stream import CacheStream, held_out
 from draftsmith.train.loader import to_device
 from draftsmith.train.loop import run_training

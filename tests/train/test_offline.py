@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from draftsmith.data.cache import build_feature_cache
 from draftsmith.data.cache_reader import FeatureCache
 from draftsmith.data.render import RenderedSample
-from draftsmith.models.features import hidden_key
+from draftsmith.models.target_states import hidden_key
 from draftsmith.train.loop import run_training
 from draftsmith.train.recipe import build_recipe
 from tests.helpers.state import reset_accelerate

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.features import cached_features, hidden_key, target_features
+from draftsmith.models.features import cached_features, target_features
 from draftsmith.models.masks import document_causal_mask
+from draftsmith.models.target_states import hidden_key
 from draftsmith.registry import DRAFTERS, get_spec
 from draftsmith.train.batching import collate
 from draftsmith.train.packing import collate_packed, pack_rows, packed_batches, packing_share
@@ -241,7 +242,7 @@ def test_every_kind_packs_and_a_kind_that_cannot_is_refused_by_name(monkeypatch)
 
 
 def test_a_target_attention_without_a_4d_mask_is_refused_for_packed_rows():
-    from draftsmith.models.features import decoder_mask
+    from draftsmith.models.target_states import decoder_mask
 
     target = tiny_target("llama")
     batch = collate_packed([_examples()[:2]], 64)
@@ -346,8 +347,8 @@ def test_eagle3_trains_on_packed_batches(features, cache, tmp_path):
 
 
 def test_the_cod_draw_of_packed_rows_counts_each_document_as_a_sequence():
-    from draftsmith.models.eagle3 import label_valid
     from draftsmith.models.peagle import cod_anchors
+    from draftsmith.models.ttt_rows import label_valid
 
     examples = _examples()
     batch = collate_packed([examples], 64)
