@@ -9,6 +9,7 @@ An environment variable may name another Python that already has the engine; it 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -94,7 +95,9 @@ def engine_environment(name: str, pip_args: Sequence[str], engine: str, *,
     log(f"installing {name} into {folder} (once; later runs reuse it)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / READY).unlink(missing_ok=True)  # a half-made environment never looks complete
-    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    # no pip cache: the environment is installed once, and a cached copy of its wheels would
+    # double its disk (vLLM's CPU build is ~3.5 GB)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir"]
     start = time.perf_counter()
     _step(name, folder, own_python_env, [sys.executable, "-m", "venv", "--clear",
                                          str(folder / "venv")])
@@ -118,11 +121,17 @@ def _step(name: str, folder: Path, own_python_env: str, step: list[str],
     done = subprocess.run(step, capture_output=True, text=True)
     if done.returncode == 0 or not required:
         return done.returncode == 0
-    tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+    output = (done.stdout + done.stderr).strip()
+    tail = output.splitlines()[-5:]
+    if "No space left on device" in output:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free / 2**30
+        fix = (f"The disk is full ({free:.1f} GiB free under {folder.parent}): free some space "
+               f"(vLLM's CPU build needs ~4 GiB), point $DRAFTSMITH_CACHE at a larger disk, or")
+    else:
+        fix = "Check that PyPI is reachable, or"
     raise DraftsmithError(
         f"could not set up {name} in {folder} ({' '.join(step[:4])} ...):\n" + "\n".join(tail)
-        + f"\nCheck that PyPI is reachable, or point ${own_python_env} at a Python that has the "
-        "engine installed")
+        + f"\n{fix} point ${own_python_env} at a Python that has the engine installed")
 
 
 def engine_info(name: str) -> dict:
