@@ -11,7 +11,9 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
 - online, the target's forward under no_grad keeps the hidden states the drafter reads
   (`models/target_states.extract_features`) beside one layer's working set; then those states and the
   target's logits over the draft vocabulary after the trained positions live through the step
-  (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax);
+  (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax); with
+  `train.overlap_target` a thread does both for the next batch beside the step, so its larger
+  part (the forward's working set or those features and logits) adds to the step's;
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on
   its rows (every real token at step 0, whose keys later steps read; then the positions trained
   at step j or later: the collate's `ttt_row_plan`), the keys/values of every step so far
@@ -225,8 +227,11 @@ def plan_memory(s: ModelShapes, cfg: Settings) -> Plan:
     """Every term of one rank's memory for `cfg`."""
     terms = static_terms(s, cfg)
     if cfg.online:
-        terms.append(Term("target forward (states read, one layer working)",
-                          target_forward_bytes(s, cfg), "forward"))
+        forward = target_forward_bytes(s, cfg)
+        terms.append(Term("target forward (states read, one layer working)", forward, "forward"))
+        if cfg.overlap:  # the thread also computes the next batch's teacher logits (warm_teacher)
+            terms.append(Term("next batch's teacher logits, beyond the forward's working set",
+                              max(0, feature_bytes(s, cfg) - forward), "forward"))
     terms.append(Term("target features + teacher logits" + (" (online)" if cfg.online else
                                                            " (from the cache)"),
                       feature_bytes(s, cfg), "step"))

@@ -16,6 +16,7 @@ from draftsmith.plan.memory import (
     Settings,
     attention_step_bytes,
     changes_that_fit,
+    feature_bytes,
     plan_memory,
     verdict,
 )
@@ -168,5 +169,9 @@ def test_a_target_run_ahead_holds_its_forward_beside_the_step(tiny_folder):
     assert not recipe_settings(recipe, cpu, 2, None).overlap
     off = plan_memory(shapes, _settings(batch=4, length=512))
     ahead = plan_memory(shapes, _settings(batch=4, length=512, overlap=True))
-    assert ahead.peak == off.phase("static") + off.phase("forward") + off.phase("step")
+    # the thread holds the next batch's forward, then its features and teacher logits, beside
+    # the step on this batch
+    thread = max(off.phase("forward"), feature_bytes(shapes, off.settings))
+    assert ahead.phase("forward") == thread
+    assert ahead.peak == off.phase("static") + thread + off.phase("step")
     assert ahead.peak > off.peak
