@@ -59,19 +59,26 @@ def test_an_error_on_the_target_thread_is_raised_at_its_batch_and_leaving_early_
     assert not [t for t in threading.enumerate() if t.name.startswith("draftsmith-target")]
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "peagle"])
-def test_the_target_run_ahead_trains_the_same_drafter(kind, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind, extra", [
+    ("eagle3", {}), ("peagle", {}), ("eagle1", {}), ("mtp", {}), ("medusa", {}), ("dspark", {}),
+    ("dflash", {}), pytest.param("dflash", {"draft_vocab_size": 96}, id="dflash-draft-vocab")])
+def test_the_target_run_ahead_trains_the_same_drafter(kind, extra, tmp_path, monkeypatch):
+    from draftsmith.models.dflash import DFlashDrafter
+    from draftsmith.models.eagle1 import Eagle1Drafter
     from draftsmith.models.eagle3 import Eagle3Drafter
+    from draftsmith.models.medusa import MedusaHeads
+    from draftsmith.models.mtp import MTPDrafter
     from draftsmith.models.peagle import PEagleDrafter
 
-    warmed: list[str] = []  # EAGLE-3's and P-EAGLE's teachers are read on the target's thread
-    for cls in (Eagle3Drafter, PEagleDrafter):
+    warmed: list[str] = []  # every kind's teacher is read on the target's thread
+    for cls in (Eagle3Drafter, PEagleDrafter, Eagle1Drafter, MedusaHeads, MTPDrafter,
+                DFlashDrafter):  # DSpark's is DFlash's
         def warm(self, features, original=cls.__dict__["warm_teacher"]):
             warmed.append(threading.current_thread().name)
             return original(self, features)
         monkeypatch.setattr(cls, "warm_teacher", warm)
     target = tiny_target("llama")
-    settings = small_settings(kind)
+    settings = {**small_settings(kind), **extra}
     vocab = training_vocab(kind, settings, target, examples())
     weights, rows = {}, {}
     for overlap in (False, True):
@@ -86,10 +93,7 @@ def test_the_target_run_ahead_trains_the_same_drafter(kind, tmp_path, monkeypatc
         torch.testing.assert_close(weights[True][key], weights[False][key], rtol=0, atol=0)
     strip = [line.split('"seconds"')[0] for line in rows[True].splitlines()]
     assert strip == [line.split('"seconds"')[0] for line in rows[False].splitlines()]
-    if kind == "dflash":
-        assert not warmed
-    else:
-        assert len(warmed) >= 6 and all(n.startswith("draftsmith-target") for n in warmed)
+    assert len(warmed) >= 6 and all(n.startswith("draftsmith-target") for n in warmed)
 
 
 def test_the_default_overlaps_online_features_on_a_cpu_in_one_process():
