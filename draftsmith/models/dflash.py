@@ -185,12 +185,6 @@ class DFlashDrafter(DraftVocabMixin, nn.Module):
         if vd < vocab:
             self.add_draft_vocab(vd, vocab)
 
-    def warm_teacher(self, features) -> None:
-        """What this kind's loss reads of the target's head for this batch (every trained row's
-        logits, over the draft vocabulary when there is one), computed on the target's thread
-        beside the step before (`train.overlap_target`, `Features.warm_rows`)."""
-        features.warm_rows(self.draft_ids())
-
     @property
     def draft_vocab_size(self) -> int:
         """Vd: the tokens the head covers (the target's vocabulary size without a draft vocab)."""

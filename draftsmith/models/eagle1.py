@@ -21,8 +21,6 @@ from draftsmith.models.layers import (
     self_attention_mask,
     sequence_positions,
     shift_left,
-    trained_teacher,
-    warm_trained_teacher,
 )
 from draftsmith.models.losses import parse_loss, per_row_loss, row_argmax, wide
 
@@ -62,8 +60,6 @@ class Eagle1Drafter(nn.Module):
     """
 
     kind = "eagle1"
-    # its loss's teacher on the target's thread (train.overlap_target)
-    warm_teacher = warm_trained_teacher
 
     def __init__(self, target_config, config: Eagle1Config):
         super().__init__()
@@ -139,7 +135,7 @@ def eagle1_loss(drafter: Eagle1Drafter, input_ids: torch.Tensor, attention_mask:
                                     reduction="none").mean(-1)
     feature_loss = torch.where(valid, feature_loss, 0.0).sum() / count
     draft_logp = torch.log_softmax(wide(drafter.logits(predicted)), dim=-1)
-    teacher = trained_teacher(target_logits_after, loss_mask)
+    teacher = target_logits_after.every_at(trained)
     token_loss = torch.where(valid, per_row_loss(draft_logp, teacher, parse_loss(cfg.loss),
                                                   valid), 0.0).sum() / count
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss

@@ -46,9 +46,7 @@ class Features:
             COD draw), by name; empty = the loss draws them itself.
         document_ids, position_ids: (B, T) of a packed batch (`train/packing.py`), else None.
         teacher_ahead: what a kind's loss reads of the target's head, computed on the target's
-            thread (`train.overlap_target`, a drafter's `warm_teacher`), else None: EAGLE-3's
-            restricted teacher, P-EAGLE's restricted rows, EAGLE-1's, Medusa's and MTP's
-            `trained_teacher`, DFlash's restricted rows (`warm_rows`).
+            thread (`train.overlap_target`, a drafter's `warm_teacher`), else None.
     """
 
     input_ids: torch.Tensor
@@ -191,20 +189,8 @@ class Features:
             RuntimeError: a requested position's next token is not trained (a loss bug).
         """
         index = self._rows_at(batch_index, positions)
-        # DFlash's warm_teacher computed them on the target's thread, over its draft vocabulary
-        ahead = self.teacher_ahead
-        sliced, choice = ahead if ahead is not None else self._restricted_rows(columns)
+        sliced, choice = self._restricted_rows(columns)
         return sliced[index], choice[index]
-
-    def warm_rows(self, columns: torch.Tensor | None = None) -> None:
-        """Compute now what the block drafters' losses read of the target's head for this batch:
-        every trained row's logits (`logits_at`; `columns` None), or those over `columns` with
-        the target's choices (`restricted_at`, kept in `teacher_ahead`). A drafter's
-        `warm_teacher` calls it on the target's thread (`train.overlap_target`)."""
-        if columns is None:
-            self._trained_rows  # noqa: B018  (a cached property: computed here, read in the step)
-        else:
-            self.teacher_ahead = self._restricted_rows(columns)
 
     def _restricted_rows(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every trained row's logits over `columns` and full-vocabulary argmax (callers compute

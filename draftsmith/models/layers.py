@@ -88,22 +88,6 @@ def dense_target_logits(logits: torch.Tensor) -> DenseTargetLogits:
 RestrictedTargetLogits = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def trained_teacher(target_logits_after: TargetLogits, loss_mask: torch.Tensor) -> torch.Tensor:
-    """(m, V): the target's logits after every trained position (`trained_positions`), what the
-    per-position losses (EAGLE-1, Medusa, MTP) are trained against; the target's thread's when
-    the drafter's `warm_teacher` computed them there (`train.overlap_target`), else now."""
-    ahead = getattr(target_logits_after, "teacher_ahead", None)
-    if ahead is not None:
-        return ahead
-    return target_logits_after.every_at(target_logits_after.trained_positions(loss_mask))
-
-
-def warm_trained_teacher(drafter, features) -> None:
-    """`warm_teacher` of the per-position kinds: their `trained_teacher`, computed on the
-    target's thread beside the step before (`train/target_ahead.py`)."""
-    features.teacher_ahead = trained_teacher(features, features.loss_mask)
-
-
 def restrict_target_logits_at(target_logits_after: TargetLogits, columns: torch.Tensor
                               ) -> RestrictedTargetLogits:
     """The target's logits over `columns` and its argmax after given flat positions, from a

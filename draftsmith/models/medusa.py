@@ -14,12 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.models.layers import (
-    TargetLogits,
-    offset_in_sequence,
-    trained_teacher,
-    warm_trained_teacher,
-)
+from draftsmith.models.layers import TargetLogits, offset_in_sequence
 from draftsmith.models.losses import (
     PositionLosses,
     check_labels,
@@ -99,8 +94,6 @@ class MedusaHeads(nn.Module):
     """
 
     kind = "medusa"
-    # its loss's teacher on the target's thread (train.overlap_target)
-    warm_teacher = warm_trained_teacher
 
     def __init__(self, target_config, config: MedusaConfig):
         super().__init__()
@@ -153,7 +146,7 @@ def medusa_loss(heads: MedusaHeads, input_ids: torch.Tensor, loss_mask: torch.Te
                             features.device)
     metrics = {}
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
-    teacher = trained_teacher(target_logits_after, loss_mask)  # (m, V)
+    teacher = target_logits_after.every_at(trained)  # (m, V)
     tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
     offsets = offset_in_sequence(trained, t, position_ids)
     for k in range(num_heads):

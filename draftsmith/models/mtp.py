@@ -24,8 +24,6 @@ from draftsmith.models.layers import (
     self_attention_mask,
     sequence_positions,
     shift_left,
-    trained_teacher,
-    warm_trained_teacher,
 )
 from draftsmith.models.losses import (
     PositionLosses,
@@ -96,8 +94,6 @@ class MTPDrafter(nn.Module):
     """K MTP modules sharing the target's frozen embedding and head."""
 
     kind = "mtp"
-    # its loss's teacher on the target's thread (train.overlap_target)
-    warm_teacher = warm_trained_teacher
 
     def __init__(self, target_config, config: MTPConfig):
         super().__init__()
@@ -155,7 +151,7 @@ def mtp_loss(drafter: MTPDrafter, input_ids: torch.Tensor, attention_mask: torch
     hidden = features
     metrics = {}
     trained = target_logits_after.trained_positions(loss_mask)  # (m,) flat p: token p + 1
-    teacher = trained_teacher(target_logits_after, loss_mask)  # (m, V)
+    teacher = target_logits_after.every_at(trained)  # (m, V)
     tokens = input_ids.flatten()[trained + 1] if cfg.labels == "data" else None
     offsets = offset_in_sequence(trained, t, position_ids)
     for k in range(cfg.num_modules):

@@ -1,6 +1,7 @@
 """The frozen target one batch ahead (`train.overlap_target`, online features): while the step
-trains the drafter on batch i, a second thread runs the target's forward on batch i + 1, and what
-the drafter's loss reads of the target's head (each kind's `warm_teacher`).
+trains the drafter on batch i, a second thread runs the target's forward on batch i + 1, and, for
+kinds that say what it is (`warm_teacher`: EAGLE-3, P-EAGLE), what their loss reads of the
+target's head.
 
 An online step is the target's forward (no gradient) and then the drafter's forward, backward and
 optimizer step, one after the other. On a CPU neither half keeps every core busy (kernel builds,
@@ -71,8 +72,7 @@ def target_forward(features: Callable[[dict], object], autocast, drafter
     features: `loss_module.batch_features`), without gradients, under `autocast()` (a context
     manager; the thread does not inherit the step's), with what the drafter's loss reads of the
     target's head where the drafter says what that is (`warm_teacher`: EAGLE-3's logits over
-    the draft vocabulary and the target's choices, P-EAGLE's and DFlash's restricted rows,
-    EAGLE-1's, Medusa's, MTP's and DSpark's full-vocabulary rows)."""
+    the draft vocabulary and the target's choices, P-EAGLE's restricted rows)."""
     warm = getattr(drafter, "warm_teacher", None)
 
     def compute(batch: dict):

@@ -63,16 +63,11 @@ def test_an_error_on_the_target_thread_is_raised_at_its_batch_and_leaving_early_
     ("eagle3", {}), ("peagle", {}), ("eagle1", {}), ("mtp", {}), ("medusa", {}), ("dspark", {}),
     ("dflash", {}), pytest.param("dflash", {"draft_vocab_size": 96}, id="dflash-draft-vocab")])
 def test_the_target_run_ahead_trains_the_same_drafter(kind, extra, tmp_path, monkeypatch):
-    from draftsmith.models.dflash import DFlashDrafter
-    from draftsmith.models.eagle1 import Eagle1Drafter
     from draftsmith.models.eagle3 import Eagle3Drafter
-    from draftsmith.models.medusa import MedusaHeads
-    from draftsmith.models.mtp import MTPDrafter
     from draftsmith.models.peagle import PEagleDrafter
 
-    warmed: list[str] = []  # every kind's teacher is read on the target's thread
-    for cls in (Eagle3Drafter, PEagleDrafter, Eagle1Drafter, MedusaHeads, MTPDrafter,
-                DFlashDrafter):  # DSpark's is DFlash's
+    warmed: list[str] = []  # EAGLE-3's and P-EAGLE's teachers are read on the target's thread
+    for cls in (Eagle3Drafter, PEagleDrafter):
         def warm(self, features, original=cls.__dict__["warm_teacher"]):
             warmed.append(threading.current_thread().name)
             return original(self, features)
@@ -93,7 +88,10 @@ def test_the_target_run_ahead_trains_the_same_drafter(kind, extra, tmp_path, mon
         torch.testing.assert_close(weights[True][key], weights[False][key], rtol=0, atol=0)
     strip = [line.split('"seconds"')[0] for line in rows[True].splitlines()]
     assert strip == [line.split('"seconds"')[0] for line in rows[False].splitlines()]
-    assert len(warmed) >= 6 and all(n.startswith("draftsmith-target") for n in warmed)
+    if kind in ("eagle3", "peagle"):
+        assert len(warmed) >= 6 and all(n.startswith("draftsmith-target") for n in warmed)
+    else:  # the others compute their teacher in the step (on the thread: no faster on 2 cores)
+        assert not warmed
 
 
 def test_the_default_overlaps_online_features_on_a_cpu_in_one_process():
