@@ -124,8 +124,8 @@ def _step(name: str, folder: Path, own_python_env: str, step: list[str],
     output = (done.stdout + done.stderr).strip()
     tail = output.splitlines()[-5:]
     if "No space left on device" in output:
-        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free / 2**30
-        fix = (f"The disk is full ({free:.1f} GiB free under {folder.parent}): free some space "
+        free = shutil.disk_usage(folder).free / 2**30  # made before the first step
+        fix = (f"The disk is full ({free:.1f} GiB free under {folder}): free some space "
                f"(vLLM's CPU build needs ~4 GiB), point $DRAFTSMITH_CACHE at a larger disk, or")
     else:
         fix = "Check that PyPI is reachable, or"

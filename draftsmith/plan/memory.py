@@ -9,9 +9,9 @@ What the loop keeps (`train/loop.py`, `models/eagle3.py`, `models/features.py`):
   of the same size, FSDP shards weights, gradients and states over the ranks and gathers the full
   weights for the step;
 - online, the target's forward under no_grad keeps the hidden states the drafter reads
-  (`models/target_states.extract_features`) beside one layer's working set; then those states and the
-  target's logits over the draft vocabulary after the trained positions live through the step
-  (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax); with
+  (`models/target_states.extract_features`) beside one layer's working set; then those states
+  and the target's logits over the draft vocabulary after the trained positions live through the
+  step (the full-vocabulary head runs in chunks of `HEAD_CHUNK` rows for its argmax); with
   `train.overlap_target` a thread does both for the next batch beside the step, so its larger
   part (the forward's working set or those features and logits) adds to the step's;
 - per training-time-test step j (T = max length, B = batch): the decoder layer's saved tensors on

@@ -7,9 +7,8 @@ An online step is the target's forward (no gradient) and then the drafter's forw
 optimizer step, one after the other. On a CPU neither half keeps every core busy (kernel builds,
 Python between small ops, the optimizer's small products), so the next batch's target work fills
 what the drafter's step leaves idle (measured on a 2-core Xeon: benchmarks/train_step, fifth
-pass). The features are the same tensors the step would
-compute itself: the same calls under the same autocast, only earlier, so the losses and the
-gradients do not change (`tests/train/test_target_ahead.py`; the scaling recipe gave bitwise the
+pass). The features are the same tensors the step would compute itself: the same calls under the
+same autocast, only earlier, so the losses and the gradients do not change (`tests/train/test_target_ahead.py`; the scaling recipe gave bitwise the
 same losses over 12 steps with it on and off). `extract_features` takes a lock, so an evaluation
 in the step never runs the target's hooks beside the thread's.
 """

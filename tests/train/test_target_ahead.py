@@ -109,7 +109,8 @@ def test_overlap_is_refused_where_the_target_cannot_run_ahead(tmp_path):
     with pytest.raises(DraftsmithError, match=r"train\.features=offline reads cached features"):
         build_recipe({"drafter": {"kind": "eagle3"},
                       "train": {"features": "offline", "overlap_target": True}})
-    with pytest.raises(DraftsmithError, match=r"train.overlap_target = 3: must be true or false or null"):
+    with pytest.raises(DraftsmithError,
+                       match=r"train.overlap_target = 3: must be true or false or null"):
         build_recipe({"drafter": {"kind": "eagle3"}, "train": {"overlap_target": 3}})
     target = tiny_target("llama")
     with pytest.raises(DraftsmithError, match="trains the target through LoRA"):
